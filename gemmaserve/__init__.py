@@ -1,0 +1,1 @@
+"""gemmaserve: a validated spec for serving Gemma 4 with vLLM, and the plan derived from it."""

@@ -1,0 +1,5 @@
+"""`python -m gemmaserve` runs the CLI."""
+
+from gemmaserve.cli import app
+
+app()

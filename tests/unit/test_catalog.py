@@ -1,0 +1,98 @@
+"""The catalog's facts hold together and match the seeds."""
+
+import pytest
+
+from gemmaserve.catalog import CATALOG
+
+
+def test_aliases_are_unique():
+    names = [n for m in CATALOG.models for n in (m.hf_id.lower(), *m.aliases)]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("alias, hf_id", [
+    ("e2b", "google/gemma-4-E2B-it"), ("e4b", "google/gemma-4-E4B-it"),
+    ("31b", "google/gemma-4-31B-it"), ("26b-a4b", "google/gemma-4-26B-A4B-it"),
+])
+def test_aliases_resolve(alias, hf_id):
+    assert CATALOG.model(alias).hf_id == hf_id
+    assert CATALOG.model(hf_id.upper()).hf_id == hf_id
+
+
+def test_31b_architecture():
+    m = CATALOG.model("31b")
+    assert m.layer_kinds.count("sliding") == 50 and m.layer_kinds.count("full") == 10
+    assert m.layer_kinds[:6] == ("sliding",) * 5 + ("full",)
+    assert (m.sliding.kv_heads, m.sliding.head_dim, m.full.kv_heads, m.full.head_dim) == (16, 256, 4, 512)
+    assert m.sliding_window == 1024 and m.attention_k_eq_v
+
+
+def test_26b_architecture():
+    m = CATALOG.model("26b-a4b")
+    assert m.num_layers == 30 and m.layer_kinds.count("full") == 5
+    assert (m.sliding.kv_heads, m.full.kv_heads) == (8, 2)
+    assert (m.num_experts, m.experts_per_token) == (128, 8)
+
+
+def test_e2b_kv_layers_match_seed03():
+    # Seed 03: "Number of Attention Layers: 15" for E2B (35 layers, 20 reuse earlier KV).
+    assert len(CATALOG.model("e2b").kv_layer_kinds) == 15
+
+
+@pytest.mark.parametrize("alias, context", [("e2b", 131072), ("e4b", 131072), ("31b", 262144), ("26b-a4b", 262144)])
+def test_max_context(alias, context):
+    assert CATALOG.model(alias).max_context == context
+
+
+@pytest.mark.parametrize("alias, audio", [("e2b", True), ("e4b", True), ("31b", False), ("26b-a4b", False)])
+def test_audio_only_on_small_models(alias, audio):
+    assert CATALOG.model(alias).supports_audio is audio
+
+
+def test_only_31b_has_an_mtp_assistant():
+    assert {m.aliases[0]: m.mtp_assistant for m in CATALOG.models if m.mtp_assistant} == {"31b": "google/gemma-4-31B-it-assistant"}
+
+
+def test_26b_weights_measured_in_seed05():
+    assert CATALOG.model("26b-a4b").weights_gib == 48.5
+
+
+@pytest.mark.parametrize("name", ["a100-40gb", "a100-80gb", "h100-80gb", "h200", "b200", "rtx-pro-6000", "l4",
+                                  "mi300x", "mi325x", "mi355x", "tpu-v5e", "tpu-v6e", "tpu-v7", "cpu"])
+def test_every_accelerator_listed(name):
+    acc = CATALOG.accelerator(name)
+    assert acc.memory_gib > 0 and acc.interconnect and acc.vendor
+
+
+@pytest.mark.parametrize("name, count, machine_type", [
+    ("rtx-pro-6000", 8, "g4-standard-384"), ("rtx-pro-6000", 1, "g4-standard-48"),
+    ("a100-80gb", 1, "a2-ultragpu-1g"), ("a100-40gb", 8, "a2-highgpu-8g"),
+    ("h100-80gb", 8, "a3-highgpu-8g"), ("l4", 1, "g2-standard-8"),
+])
+def test_gcp_machine_types(name, count, machine_type):
+    assert CATALOG.accelerator(name).machine_type_for(count).name == machine_type
+
+
+@pytest.mark.parametrize("chips, accelerator_type", [(1, "v6e-1"), (4, "v6e-4"), (8, "v6e-8")])
+def test_v6e_types_and_runtime(chips, accelerator_type):
+    tpu = CATALOG.accelerator("tpu-v6e").tpu_type_for(chips)
+    assert tpu.accelerator_type == accelerator_type
+    assert tpu.runtime_version == "v2-alpha-tpuv6e"
+
+
+def test_v6e_hbm_per_chip_matches_seed03():
+    assert CATALOG.accelerator("tpu-v6e").memory_gib == 31.25
+
+
+def test_interconnects():
+    assert CATALOG.accelerator("rtx-pro-6000").interconnect == "pcie"  # seed 02: PCIe Gen5 x16
+    assert CATALOG.accelerator("h100-80gb").interconnect == "nvswitch"
+    assert CATALOG.accelerator("mi300x").interconnect == "xgmi"
+    assert CATALOG.accelerator("tpu-v6e").interconnect == "ici"
+
+
+def test_unknown_names_raise():
+    with pytest.raises(KeyError):
+        CATALOG.model("gemma-3")
+    with pytest.raises(KeyError):
+        CATALOG.accelerator("v100")

@@ -1,0 +1,84 @@
+"""`gemmaserve plan` as a user runs it: a subprocess, exact JSON shape, errors on stderr."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+JSON_KEYS = {"model", "accelerator", "count", "replicas", "warnings"}
+REPLICA_KEYS = {"index", "devices", "tensor_parallel_size", "port", "argv", "env", "kv_cache_tokens",
+                "max_concurrency", "available_kv_cache_gib"}
+
+
+def gemmaserve(*args):
+    return subprocess.run([sys.executable, "-m", "gemmaserve", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_json_shape_is_exact():
+    result = gemmaserve("plan", "--stack", "gpu8", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == JSON_KEYS
+    assert all(set(r) == REPLICA_KEYS for r in data["replicas"])
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in data["replicas"]] == ["0,1", "2,3", "4,5", "6,7"]
+
+
+def test_calibration_from_the_command_line():
+    result = gemmaserve("plan", "--model", "26b-a4b", "--accelerator", "a100-80gb", "--max-model-len", "131072",
+                        "--gpu-memory-utilization", "0.9", "--available-kv-gib", "21.5", "--json")
+    replica = json.loads(result.stdout)["replicas"][0]
+    assert abs(replica["kv_cache_tokens"] - 93936) <= 16
+    assert replica["max_concurrency"] == 6.96
+
+
+def test_table_output_names_the_layout():
+    result = gemmaserve("plan", "--stack", "gpu8")
+    assert result.returncode == 0
+    assert "google/gemma-4-31B-it" in result.stdout and "CUDA_VISIBLE_DEVICES=0,1 vllm serve" in result.stdout
+
+
+def test_flags_override_stack():
+    data = json.loads(gemmaserve("plan", "--stack", "gpu8", "--max-model-len", "8192", "--json").stdout)
+    argv = data["replicas"][0]["argv"]
+    assert argv[argv.index("--max-model-len") + 1] == "8192"
+
+
+def test_speculative_flag():
+    data = json.loads(gemmaserve("plan", "--model", "31b", "--accelerator", "h100-80gb", "--count", "2",
+                                 "--speculative", "mtp:2", "--json").stdout)
+    argv = data["replicas"][0]["argv"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "31b", "--accelerator", "v100"], "accelerator.kind = 'v100'"),
+    (["--model", "31b", "--accelerator", "h100-80gb", "--gpu-memory-utilization", "1.5"],
+     "workload.gpu_memory_utilization = 1.5"),
+    (["--model", "31b"], "give --stack NAME, or at least --model and --accelerator"),
+    (["--stack", "nope"], "stack = 'nope'"),
+    (["--model", "31b", "--accelerator", "h100-80gb", "--available-kv-gib", "-1"], "--available-kv-gib = -1"),
+])
+def test_bad_input_goes_to_stderr_with_exit_2(args, message):
+    result = gemmaserve("plan", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_refusal_exits_3_with_reason():
+    result = gemmaserve("plan", "--model", "31b", "--accelerator", "l4", "--json")
+    assert result.returncode == 3
+    assert "does not fit" in result.stderr and "Fixes:" in result.stderr
+    assert result.stdout == ""
+
+
+def test_plan_call_time_is_reported(capsys):
+    """Speed goal (< 1 s per call) is measured and printed, not asserted."""
+    start = time.perf_counter()
+    gemmaserve("plan", "--stack", "tpu-v6e4", "--json")
+    with capsys.disabled():
+        print(f"\n[figure] gemmaserve plan --json: {time.perf_counter() - start:.2f} s per call")

@@ -1,0 +1,234 @@
+"""The planner's rules, one per test, each traced to a seed."""
+
+import json
+
+import pytest
+
+from gemmaserve.catalog import CATALOG
+from gemmaserve.plan import plan
+from gemmaserve.spec import parse_spec
+
+
+def planned(data, **kwargs):
+    return plan(parse_spec(data), **kwargs)
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_tp2_replicas_for_31b_on_pcie_host():
+    result = planned({"model": "31b", "accelerator": {"kind": "rtx-pro-6000", "count": 8}})
+    assert [r.tensor_parallel_size for r in result.replicas] == [2, 2, 2, 2]
+    assert [r.port for r in result.replicas] == [8000, 8001, 8002, 8003]
+    assert [r.devices for r in result.replicas] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_small_model_gets_one_device_per_replica_for_throughput():
+    result = planned({"model": "e2b", "accelerator": {"kind": "l4", "count": 8}, "workload": {"objective": "throughput"}})
+    assert len(result.replicas) == 8 and result.replicas[0].tensor_parallel_size == 1
+    assert flag(result.replicas[0].argv, "--max-num-seqs") == "256"
+
+
+def test_latency_objective_widens_tp():
+    result = planned({"model": "e4b", "accelerator": {"kind": "h100-80gb", "count": 8}, "workload": {"objective": "latency"}})
+    assert result.replicas[0].tensor_parallel_size == 4
+    assert flag(result.replicas[0].argv, "--max-num-seqs") == "16"
+
+
+@pytest.mark.parametrize("chips", [1, 4, 8])
+def test_tp_equals_chip_count_on_tpu(chips):
+    result = planned({"model": "e2b", "accelerator": {"kind": "tpu-v6e", "count": chips}})
+    (replica,) = result.replicas
+    assert replica.tensor_parallel_size == chips
+    assert replica.devices == list(range(chips))
+
+
+def test_audio_kept_on_e2b():
+    result = planned({"model": "e2b", "accelerator": {"kind": "l4"}, "workload": {"limit_mm_per_prompt": {"audio": 2}}})
+    assert json.loads(flag(result.replicas[0].argv, "--limit-mm-per-prompt"))["audio"] == 2
+    assert result.warnings == []
+
+
+def test_audio_dropped_on_31b_with_warning():
+    result = planned({"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2},
+                      "workload": {"limit_mm_per_prompt": {"image": 4, "audio": 1}}})
+    assert json.loads(flag(result.replicas[0].argv, "--limit-mm-per-prompt")) == {"image": 4, "audio": 0}
+    assert any("audio=1 dropped" in w and "31B" in w for w in result.warnings)
+
+
+def test_text_only_means_no_image_and_no_audio():
+    result = planned({"model": "e2b", "accelerator": {"kind": "l4"}, "workload": {"text_only": True}})
+    assert json.loads(flag(result.replicas[0].argv, "--limit-mm-per-prompt")) == {"image": 0, "audio": 0}
+
+
+def test_async_scheduling_on_gpus():
+    argv = planned({"model": "e2b", "accelerator": {"kind": "l4"}}).replicas[0].argv
+    assert "--async-scheduling" in argv
+
+
+def test_async_scheduling_not_on_tpu():
+    argv = planned({"model": "e2b", "accelerator": {"kind": "tpu-v6e", "count": 1}}).replicas[0].argv
+    assert "--async-scheduling" not in argv
+
+
+def test_async_scheduling_off_with_ngram_because_vllm_rejects_the_pair():
+    result = planned({"model": "e2b", "accelerator": {"kind": "l4"}, "workload": {"speculative": {"method": "ngram"}}})
+    assert "--async-scheduling" not in result.replicas[0].argv
+    assert any("ngram" in w for w in result.warnings)
+
+
+def test_gemma4_parsers_and_tool_template():
+    argv = planned({"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2}}).replicas[0].argv
+    assert flag(argv, "--reasoning-parser") == "gemma4"
+    assert flag(argv, "--tool-call-parser") == "gemma4"
+    assert "--enable-auto-tool-choice" in argv
+    assert flag(argv, "--chat-template").endswith("tool_chat_template_gemma4.jinja")
+
+
+def test_mtp_uses_assistant_checkpoint():
+    argv = planned({"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2},
+                    "workload": {"speculative": {"method": "mtp", "num_tokens": 2}}}).replicas[0].argv
+    assert json.loads(flag(argv, "--speculative-config")) == {
+        "method": "mtp", "model": "google/gemma-4-31B-it-assistant", "num_speculative_tokens": 2}
+
+
+def test_ngram_speculative_config():
+    argv = planned({"model": "e2b", "accelerator": {"kind": "l4"}, "workload": {"speculative": {"method": "ngram"}}}).replicas[0].argv
+    assert json.loads(flag(argv, "--speculative-config")) == {"method": "ngram", "num_speculative_tokens": 3}
+
+
+def test_fp8_kv_cache_flag_and_capacity():
+    base = {"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2}}
+    auto = planned(base).replicas[0]
+    fp8 = planned({**base, "workload": {"kv_cache_dtype": "fp8"}}).replicas[0]
+    assert flag(fp8.argv, "--kv-cache-dtype") == "fp8"
+    assert fp8.capacity.kv_cache_tokens > 1.9 * auto.capacity.kv_cache_tokens
+
+
+def test_tpu_env():
+    env = planned({"model": "e2b", "accelerator": {"kind": "tpu-v6e", "count": 4}}).replicas[0].env
+    assert env["VLLM_TPU_BUCKET_PADDING_GAP"] == "512"
+    assert env["VLLM_XLA_CACHE_PATH"].startswith("/dev/shm/")
+    assert "HF_HOME" in env
+    assert "VLLM_CACHE_ROOT" not in env
+
+
+@pytest.mark.parametrize("kind", ["h100-80gb", "mi300x", "cpu"])
+def test_gpu_and_cpu_compile_caches_on_shm(kind):
+    env = planned({"model": "e2b", "accelerator": {"kind": kind}}).replicas[0].env
+    for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        assert env[key].startswith("/dev/shm/")
+
+
+def test_cuda_visible_devices_per_replica():
+    result = planned({"model": "e4b", "accelerator": {"kind": "h100-80gb", "count": 4}, "serving": {"tensor_parallel_size": 2}})
+    assert [r.env["CUDA_VISIBLE_DEVICES"] for r in result.replicas] == ["0,1", "2,3"]
+
+
+def test_hip_visible_devices_on_amd():
+    result = planned({"model": "31b", "accelerator": {"kind": "mi300x", "count": 8}, "serving": {"tensor_parallel_size": 1}})
+    assert [r.env["HIP_VISIBLE_DEVICES"] for r in result.replicas] == [str(i) for i in range(8)]
+    assert "CUDA_VISIBLE_DEVICES" not in result.replicas[0].env
+
+
+def test_binds_ipv4():
+    argv = planned({"model": "e2b", "accelerator": {"kind": "l4"}}).replicas[0].argv
+    assert flag(argv, "--host") == "127.0.0.1"
+
+
+def test_cpu_profile_sizes_kv_from_env_not_utilization():
+    result = planned({"model": "tiny", "accelerator": {"kind": "cpu", "count": 2}, "workload": {"cpu_kv_cache_gib": 0.5}})
+    replica = result.replicas[0]
+    assert "--gpu-memory-utilization" not in replica.argv
+    assert replica.env["VLLM_CPU_KVCACHE_SPACE"] == "0.5"
+    assert len(result.replicas) == 2
+    assert flag(replica.argv, "--served-model-name") == "gemmaserve/tiny-gemma4-test"
+    assert any("TEST model" in w for w in result.warnings)
+
+
+def test_vision_budget_above_default_resizes_tower():
+    argv = planned({"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2},
+                    "workload": {"vision_token_budget": 1120}}).replicas[0].argv
+    assert json.loads(flag(argv, "--mm-processor-kwargs")) == {"max_soft_tokens": 1120}
+    assert json.loads(flag(argv, "--hf-overrides"))["vision_config"]["default_output_length"] == 1120
+
+
+def test_cache_key_changes_with_graph_flags():
+    base = {"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2}}
+    keys = {
+        planned(base).replicas[0].cache_key,
+        planned({**base, "workload": {"max_num_batched_tokens": 4096}}).replicas[0].cache_key,
+        planned({**base, "engine": {"vllm_version": "0.32.0"}}).replicas[0].cache_key,
+        planned({**base, "serving": {"tensor_parallel_size": 1}}).replicas[0].cache_key,
+    }
+    assert len(keys) == 4
+
+
+def test_cache_key_ignores_port_and_bind():
+    base = {"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2}}
+    moved = {**base, "serving": {"base_port": 9000, "bind_address": "0.0.0.0"}}
+    assert planned(base).replicas[0].cache_key == planned(moved).replicas[0].cache_key
+
+
+def test_refuses_when_one_request_does_not_fit_with_concrete_fixes():
+    result = planned({"model": "31b", "accelerator": {"kind": "rtx-pro-6000", "count": 1},
+                      "workload": {"max_model_len": 262144}, "serving": {"tensor_parallel_size": 1}})
+    assert not result.ok and result.replicas == []
+    (reason,) = result.refusals
+    assert "262144" in reason
+    assert "lower --max-model-len to" in reason
+    assert "fp8" in reason
+
+
+def test_refusal_suggests_more_tp_when_weights_do_not_fit():
+    result = planned({"model": "31b", "accelerator": {"kind": "l4", "count": 1}})
+    assert not result.ok
+    assert "more tensor parallelism" in result.refusals[0]
+
+
+def test_suggested_max_model_len_really_fits():
+    data = {"model": "31b", "accelerator": {"kind": "rtx-pro-6000", "count": 1}, "workload": {"max_model_len": 262144}}
+    reason = planned(data).refusals[0]
+    suggested = int(reason.split("lower --max-model-len to ")[1].split(" ")[0])
+    fixed = planned({**data, "workload": {"max_model_len": suggested}})
+    assert fixed.ok and fixed.replicas[0].capacity.max_concurrency >= 1
+
+
+def test_require_ok_raises_refusal():
+    from gemmaserve.plan import PlanRefused
+    with pytest.raises(PlanRefused):
+        planned({"model": "31b", "accelerator": {"kind": "l4"}}).require_ok()
+
+
+REAL_MODELS = [m for m in CATALOG.models if not m.is_test_model]
+PAIRS = [(m.aliases[0], a.name, c) for m in REAL_MODELS for a in CATALOG.accelerators for c in a.valid_counts]
+
+
+@pytest.mark.parametrize("model, kind, count", PAIRS)
+def test_every_pair_plans_or_refuses_with_a_reason(model, kind, count):
+    result = planned({"model": model, "accelerator": {"kind": kind, "count": count}})
+    if result.ok:
+        assert result.replicas and all(r.capacity.max_concurrency >= 1 for r in result.replicas)
+    else:
+        assert "Fixes:" in result.refusals[0]
+
+
+@pytest.mark.parametrize("model, kind, count, fits", [
+    ("e2b", "l4", 1, True),
+    ("31b", "l4", 1, False),
+    ("31b", "a100-80gb", 1, True),       # seed 01: 1x 80 GB minimum
+    ("26b-a4b", "a100-80gb", 1, True),   # seed 05
+    ("31b", "tpu-v6e", 1, False),        # seed 01: 4x Trillium minimum
+    ("31b", "tpu-v6e", 4, True),
+    ("26b-a4b", "tpu-v6e", 4, True),     # seed 04
+    ("31b", "mi300x", 1, True),          # seed 01: 1x MI300X for every model
+])
+def test_minimum_hardware_matches_seed01(model, kind, count, fits):
+    assert planned({"model": model, "accelerator": {"kind": kind, "count": count}}).ok is fits
+
+
+def test_headroom_rule_widens_tp_when_weights_take_over_half_a_device():
+    # E4B's 14.9 GiB on a 22 GiB L4 leaves ~3.6 GiB of KV at TP1: seed 02's "safer memory headroom" -> TP2.
+    result = planned({"model": "e4b", "accelerator": {"kind": "l4", "count": 8}})
+    assert result.replicas[0].tensor_parallel_size == 2
