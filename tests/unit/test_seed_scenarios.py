@@ -81,6 +81,7 @@ SEED04_SPEC = {
         "limit_mm_per_prompt": {"image": 4, "audio": 1}, "extra_args": ["--safetensors-load-strategy", "prefetch"],
     },
     "engine": {"kind": "container", "image": "vllm/vllm-tpu:v0.32.0"},
+    "secret": {"secret_manager": "hf-token"},
 }
 
 

@@ -1,0 +1,121 @@
+"""`gemmaserve sandbox ...`: bring local systemd-nspawn hosts up and down."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import typer
+
+# Only typer at module level: `gemmaserve plan` imports this module and must start in < 1 s.
+sandbox_app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+
+def _console_log():
+    from rich.console import Console
+
+    console = Console(stderr=True, log_path=False)
+    return lambda message: console.log(message, highlight=False)
+
+
+def _fail(error: Exception) -> None:
+    typer.secho(f"sandbox: {error}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(1)
+
+
+@sandbox_app.command()
+def up(
+    hosts: int = typer.Option(1, "--hosts", "-n", min=1, max=254, help="How many hosts (sandbox-1..N)."),
+    bind_ro: list[str] | None = typer.Option(
+        None,
+        "--bind-ro",
+        help="SRC[:DST] to bind read-only into every new host (repeatable); "
+        "/opt/gemmaserve/venvs is bound when it exists.",
+    ),
+) -> None:
+    """Boot sandbox hosts (idempotent: running hosts are kept, dead ones restarted)."""
+    from gemmaserve.sandbox import hosts as lifecycle
+
+    try:
+        lifecycle.up(hosts, bind_ro=bind_ro or [], log=_console_log())
+    except (RuntimeError, OSError, ValueError) as error:
+        _fail(error)
+    _print_table(lifecycle.status())
+
+
+@sandbox_app.command()
+def down() -> None:
+    """Stop every sandbox host and remove its netns, veth, cgroups, files and the NAT table."""
+    from gemmaserve.sandbox import hosts as lifecycle
+
+    try:
+        lifecycle.down(log=_console_log())
+    except (RuntimeError, OSError) as error:
+        _fail(error)
+
+
+@sandbox_app.command()
+def status(as_json: bool = typer.Option(False, "--json", help='Machine-readable: {"hosts": [...]}.')) -> None:
+    """List sandbox hosts; endpoint is set once the host's load balancer answers /health."""
+    from gemmaserve.sandbox import hosts as lifecycle
+
+    records = lifecycle.status()
+    if as_json:
+        typer.echo(json.dumps({"hosts": [r.public() for r in records]}, indent=2))
+    else:
+        _print_table(records)
+
+
+def _print_table(records) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if not records:
+        Console().print("no sandbox hosts; start one with `gemmaserve sandbox up`")
+        return
+    table = Table("name", "state", "address", "ssh", "endpoint")
+    for r in records:
+        state = "[green]running[/]" if r.running else "[red]dead[/]"
+        table.add_row(r.name, state, r.address, f"{r.ssh_user}@{r.address}:{r.ssh_port}", r.endpoint or "-")
+    Console().print(table)
+
+
+@sandbox_app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def ssh(ctx: typer.Context, name: str = typer.Argument(..., help="Host name, e.g. sandbox-1.")) -> None:
+    """Open a shell on a host (extra arguments run as a command)."""
+    from gemmaserve.sandbox import state
+
+    host = state.load_state().host(name)
+    if host is None:
+        _fail(RuntimeError(f"no host named {name}; see `gemmaserve sandbox status`"))
+    argv = [
+        "ssh",
+        "-i",
+        str(state.SSH_KEY),
+        "-p",
+        str(state.SSH_PORT),
+        # Host keys are regenerated on every `up`: pinning them would only produce warnings.
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        f"{state.SSH_USER}@{host.address}",
+        *ctx.args,
+    ]
+    os.execvp("ssh", argv)
+
+
+@sandbox_app.command()
+def bench(
+    cold: bool = typer.Option(False, "--cold", help="Delete the cached rootfs first and time the debootstrap build."),
+) -> None:
+    """Print sandbox figures: rootfs build and unpack, host up, boot to ssh, idle RSS, down."""
+    from gemmaserve.sandbox import bench as sandbox_bench
+
+    try:
+        figures = sandbox_bench.measure(cold=cold, log=_console_log())
+    except (RuntimeError, OSError) as error:
+        _fail(error)
+    sandbox_bench.print_figures(figures)

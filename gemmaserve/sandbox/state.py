@@ -1,0 +1,105 @@
+"""Where the sandbox keeps its hosts: the state file, its lock and the paths it names."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# One sandbox per machine: addresses (10.231.<index>.0/30), netns and veth names are global,
+# so every caller (CLI, tests, the pyinfra inventory) shares this directory.
+STATE_DIR = Path(os.environ.get("GEMMASERVE_SANDBOX_STATE", "/var/lib/gemmaserve/sandbox"))
+STATE_FILE = STATE_DIR / "state.json"
+SSH_KEY = STATE_DIR / "id_ed25519"
+SSH_USER = "root"
+SSH_PORT = 22
+SUBNET = "10.231.0.0/16"
+LB_PORT = 8080
+
+
+@dataclass
+class Host:
+    """One sandbox host as recorded in state.json."""
+
+    name: str
+    index: int
+    address: str  # the host end of the veth pair (10.231.<index>.2)
+    gateway: str  # the outer end (10.231.<index>.1)
+    netns: str
+    veth: str  # the outer end's interface name; the host end is host0 inside netns
+    root: str  # the host's directory: rootfs/, console.log
+    pid: int | None = None  # systemd-nspawn, started by us
+    cgroups: list[str] = field(default_factory=list)
+    bind_ro: list[str] = field(default_factory=list)
+
+    @property
+    def rootfs(self) -> Path:
+        return Path(self.root) / "rootfs"
+
+    @property
+    def console_log(self) -> Path:
+        return Path(self.root) / "console.log"
+
+
+@dataclass
+class State:
+    hosts: list[Host] = field(default_factory=list)
+    # ip_forward as found before the first host came up, restored after the last goes down.
+    ip_forward_before: str | None = None
+
+    def host(self, name: str) -> Host | None:
+        return next((h for h in self.hosts if h.name == name), None)
+
+
+def host_name(index: int) -> str:
+    return f"sandbox-{index}"
+
+
+def new_host(index: int) -> Host:
+    name = host_name(index)
+    return Host(
+        name=name,
+        index=index,
+        address=f"10.231.{index}.2",
+        gateway=f"10.231.{index}.1",
+        netns=f"gemmaserve-{name}",
+        veth=f"gs-sb{index}",
+        root=str(STATE_DIR / "hosts" / name),
+    )
+
+
+def load_state() -> State:
+    """Read state.json; a missing file is an empty sandbox. Needs no lock and no root."""
+    try:
+        raw = json.loads(STATE_FILE.read_text())
+    except (FileNotFoundError, PermissionError):
+        return State()
+    return State(
+        hosts=[Host(**h) for h in raw.get("hosts", [])],
+        ip_forward_before=raw.get("ip_forward_before"),
+    )
+
+
+def save_state(state: State) -> None:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    state.hosts.sort(key=lambda h: h.index)
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
+    tmp.replace(STATE_FILE)
+
+
+@contextlib.contextmanager
+def locked_state() -> Iterator[State]:
+    """Hold the sandbox lock while reading, changing and saving the state."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = load_state()
+        try:
+            yield state
+        finally:
+            save_state(state)

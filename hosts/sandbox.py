@@ -1,0 +1,22 @@
+"""pyinfra inventory of the local sandbox hosts, read from `gemmaserve sandbox`'s state."""
+
+from gemmaserve.sandbox.state import SSH_KEY, SSH_PORT, SSH_USER, load_state
+
+# Run `gemmaserve sandbox up` first; with no hosts up this group is empty.
+sandbox = [
+    (
+        _host.name,
+        {
+            "ssh_hostname": _host.address,
+            "ssh_port": SSH_PORT,
+            "ssh_user": SSH_USER,
+            "ssh_key": str(SSH_KEY),
+            # Host keys are regenerated on every `sandbox up`: remembering them only breaks reconnects.
+            "ssh_known_hosts_file": "/dev/null",
+            "ssh_strict_host_key_checking": "off",
+            "gemmaserve_sandbox": True,
+            "gemmaserve_sandbox_index": _host.index,
+        },
+    )
+    for _host in load_state().hosts
+]
