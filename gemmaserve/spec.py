@@ -121,7 +121,8 @@ class Workload(_Strict):
     tool_calling: bool = True
     reasoning: bool = True
     enforce_eager: bool = False
-    cpu_kv_cache_gib: float = Field(1.0, gt=0, le=64, description="VLLM_CPU_KVCACHE_SPACE for the cpu profile.")
+    # vLLM parses VLLM_CPU_KVCACHE_SPACE as a whole number of GiB.
+    cpu_kv_cache_gib: int = Field(1, ge=1, le=64, description="VLLM_CPU_KVCACHE_SPACE for the cpu profile.")
     extra_args: tuple[str, ...] = Field((), description="More vLLM flags, checked by vLLM's own parser.")
 
     @field_validator("extra_args")

@@ -1,5 +1,6 @@
 """pyinfra inventory of the local sandbox hosts, read from `gemmaserve sandbox`'s state."""
 
+from gemmaserve.sandbox.profile import sandbox_host_data
 from gemmaserve.sandbox.state import SSH_KEY, SSH_PORT, SSH_USER, load_state
 
 # Run `gemmaserve sandbox up` first; with no hosts up this group is empty.
@@ -16,6 +17,7 @@ sandbox = [
             "ssh_strict_host_key_checking": "off",
             "gemmaserve_sandbox": True,
             "gemmaserve_sandbox_index": _host.index,
+            **sandbox_host_data(),
         },
     )
     for _host in load_state().hosts

@@ -30,7 +30,7 @@ def up(
         None,
         "--bind-ro",
         help="SRC[:DST] to bind read-only into every new host (repeatable); "
-        "/opt/gemmaserve/venvs is bound when it exists.",
+        "/opt/gemmaserve/venvs and /var/lib/gemmaserve/models are bound when they exist.",
     ),
 ) -> None:
     """Boot sandbox hosts (idempotent: running hosts are kept, dead ones restarted)."""

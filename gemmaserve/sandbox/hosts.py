@@ -20,7 +20,9 @@ Log = Callable[[str], None]
 
 NFT_TABLE = "gemmaserve_sandbox"
 VETH_PATTERN = "gs-sb*"  # every outer veth end is named gs-sb<index>
-DEFAULT_BINDS = ("/opt/gemmaserve/venvs",)  # prebuilt vLLM venvs, bound when present
+# Bound read-only when present: prebuilt vLLM venvs, and locally built test models (the catalog's
+# `tiny` model is served from /var/lib/gemmaserve/models/tiny-gemma4).
+DEFAULT_BINDS = ("/opt/gemmaserve/venvs", "/var/lib/gemmaserve/models")
 BOOT_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 # Private and special ranges a host must not reach through the outer machine; the outer

@@ -1,0 +1,41 @@
+"""What sandbox hosts serve: the tiny TEST model on the `cpu` profile, as pyinfra host data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gemmaserve.catalog import CATALOG
+
+TINY_MODEL_DIR = Path(CATALOG.model("tiny").local_dir)
+# Override the served spec with a YAML file of host-data keys (tests use it for two replicas).
+OVERRIDE_ENV = "GEMMASERVE_SANDBOX_DATA"
+
+DEFAULT_DATA: dict[str, Any] = {
+    "gemmaserve_model": "tiny",
+    "gemmaserve_accelerator": {"kind": "cpu", "count": 1},
+    "gemmaserve_workload": {
+        "max_model_len": 1024,
+        "dtype": "bfloat16",
+        # Eager mode starts in ~35 s instead of ~80 s on two cores; the tiny model gains nothing from compiling.
+        "enforce_eager": True,
+        "cpu_kv_cache_gib": 1,
+        "limit_mm_per_prompt": {"image": 1, "video": 0},
+    },
+    # The test model ships its own Gemma 4-format tool template; real hosts fetch vLLM's at the pinned tag.
+    "vllm_chat_template_src": str(TINY_MODEL_DIR / "chat_template.jinja"),
+}
+
+
+def sandbox_host_data() -> dict[str, Any]:
+    data = dict(DEFAULT_DATA)
+    override = os.environ.get(OVERRIDE_ENV)
+    if override:
+        extra = yaml.safe_load(Path(override).read_text()) or {}
+        if not isinstance(extra, dict):
+            raise ValueError(f"{OVERRIDE_ENV}={override}: must hold a mapping of host-data keys")
+        data.update(extra)
+    return data

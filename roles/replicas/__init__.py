@@ -1,0 +1,151 @@
+"""Replicas: the vllm@.service template, one env file per replica, gemmaserve.target, and restarts of
+changed replicas one at a time, each followed by a wait for /health."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.files import Sha256File
+from pyinfra.facts.server import Command
+from pyinfra.operations import files, server, systemd
+
+from gemmaserve.plan import SHM_CACHE_ROOT, STATE_DIR, Plan, ReplicaPlan
+from roles.vllm import ARGCHECK
+
+TEMPLATES = Path(__file__).parent / "templates"
+CACHE_ENV_KEYS = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_XLA_CACHE_PATH",
+                  "XDG_CACHE_HOME", "TMPDIR")
+
+DEFAULTS = {
+    "replicas_timeout_start": 1800,  # 31B loads plus graph compilation take many minutes on a cold host
+    "replicas_health_timeout": 900,  # seconds a restarted replica may take to report healthy
+    "replicas_stagger_checks": 300,  # x 2 s that a replica waits for the previous one to be healthy
+    "replicas_nofile": 1048576,
+}
+
+
+def health_url(serving: Plan, replica: ReplicaPlan) -> str:
+    address = serving.spec.serving.bind_address
+    return f"http://{'127.0.0.1' if address == '0.0.0.0' else address}:{replica.port}/health"
+
+
+def replica_args(replica: ReplicaPlan) -> str:
+    """argv after `vllm serve`, as systemd will word-split $VLLM_ARGS.
+
+    systemd unquotes the words it splits $VLLM_ARGS into, so JSON's double quotes are escaped; the
+    env file single-quotes the whole value so it keeps those backslashes. No argument may hold
+    whitespace (the split), a single quote or backslash (the quoting) or $ and % (systemd expansions).
+    """
+    args = replica.argv[2:]
+    bad = [a for a in args if not a or any(c.isspace() for c in a) or set(a) & set("'$%\\")]
+    if bad:
+        raise ValueError(f"replica {replica.index}: arguments {bad} cannot pass through systemd word splitting")
+    return " ".join(a.replace('"', '\\"') for a in args)
+
+
+def render_env(serving: Plan, replica: ReplicaPlan) -> str:
+    from jinja2 import Template
+
+    previous = serving.replicas[replica.index - 1] if replica.index else None
+    env = dict(replica.env)
+    env["GEMMASERVE_CACHE_DIRS"] = " ".join(env[k] for k in CACHE_ENV_KEYS if k in env)
+    return Template((TEMPLATES / "replica.env.j2").read_text(), trim_blocks=True, lstrip_blocks=True).render(
+        replica=type("R", (), {"index": replica.index, "port": replica.port, "env": env}),
+        wait_for=health_url(serving, previous) if previous else "none",
+        args=replica_args(replica),
+    )
+
+
+def device_nodes(serving: Plan) -> list[str]:
+    vendor = serving.accelerator.vendor
+    if vendor == "nvidia":
+        return ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "char-nvidia-frontend"]
+    if vendor == "amd":
+        return ["/dev/kfd", "char-drm"]
+    if vendor == "google":
+        return ["/dev/vfio/vfio", "char-vfio", "/dev/accel0", "/dev/accel1", "/dev/accel2", "/dev/accel3"]
+    return []
+
+
+@deploy("Run vLLM replicas", data_defaults=DEFAULTS)
+def replicas(serving: Plan) -> None:
+    credential = "/etc/gemmaserve/hf-token" if serving.spec.secret else None
+    tmpfiles = files.put(
+        name="Keep the /dev/shm cache root across reboots (tmpfiles.d)",
+        src=StringIO(f"d {SHM_CACHE_ROOT} 0750 gemmaserve gemmaserve -\n"),
+        dest="/etc/tmpfiles.d/gemmaserve.conf", mode="0644",
+    )
+    server.shell(name="Create the /dev/shm cache root", commands=["systemd-tmpfiles --create /etc/tmpfiles.d/gemmaserve.conf"],
+                 _if=tmpfiles.did_change)
+    unit = files.template(
+        name="Install the vllm@.service template",
+        src=str(TEMPLATES / "vllm@.service.j2"), dest="/etc/systemd/system/vllm@.service", mode="0644",
+        model=serving.model.hf_id, vllm_executable=serving.engine.vllm_executable, credential=credential,
+        devices=device_nodes(serving), state_dir=STATE_DIR, nofile=host.data.replicas_nofile,
+        timeout_start=host.data.replicas_timeout_start, stagger_checks=host.data.replicas_stagger_checks,
+    )
+    target = files.template(
+        name="Install gemmaserve.target", src=str(TEMPLATES / "gemmaserve.target.j2"),
+        dest="/etc/systemd/system/gemmaserve.target", mode="0644", replicas=serving.replicas,
+    )
+    systemd.daemon_reload(name="Reload systemd units", _if=lambda: unit.did_change() or target.did_change())
+    # Enabled, not started here: at boot the target starts every replica; during a deploy replicas are
+    # (re)started one at a time below so at most one is down.
+    systemd.service(name="Enable gemmaserve.target", service="gemmaserve.target", enabled=True, running=None)
+    for replica in serving.replicas:
+        name = f"vllm@{replica.index}.service"
+        env_installed = _install_checked_env(serving, replica)
+        changed = _changed(unit, *([env_installed] if env_installed else []))
+        # A replica that crash-looped sits in start-limit-hit until its failed state is cleared.
+        failed = (host.get_fact(Command, f"systemctl is-failed {name} || true") or "").strip() == "failed"
+        server.shell(name=f"Clear {name}'s failed state", commands=[f"systemctl reset-failed {name}"],
+                     _if=(lambda: True) if failed else changed)
+        restarted = systemd.service(
+            name=f"Start or restart {name} (its unit or environment changed)", service=name,
+            running=True, restarted=True, _if=changed,
+        )
+        started = systemd.service(name=f"Enable {name} and keep it running", service=name, enabled=True, running=True)
+        _wait_healthy(serving, replica, _if=_changed(restarted, started))
+
+
+def _install_checked_env(serving: Plan, replica: ReplicaPlan):
+    """Stage replica-N.env, check its argv with vLLM's own parser exactly as systemd will expand it
+    (systemd-run with the same EnvironmentFile and $VLLM_ARGS), and only then install it.
+
+    Returns the installing operation, or None when the live file is already what the plan says.
+    """
+    content = render_env(serving, replica)
+    live = f"/etc/gemmaserve/replica-{replica.index}.env"
+    if host.get_fact(Sha256File, path=live) == hashlib.sha256(content.encode()).hexdigest():
+        return None
+    pending = f"{live}.pending"
+    files.put(name=f"Stage replica {replica.index}'s environment", src=StringIO(content), dest=pending,
+              user="root", group="gemmaserve", mode="0640")
+    python = f"{serving.engine.venv}/bin/python"
+    return server.shell(
+        name=f"Check replica {replica.index}'s vLLM flags with vLLM's own parser, then install them",
+        commands=[f"systemd-run --wait --pipe --quiet --collect -p EnvironmentFile={pending} "
+                  f"{python} {ARGCHECK} -- '$VLLM_ARGS' && mv {pending} {live}"],
+    )
+
+
+def _changed(*ops):
+    return lambda: any(op.did_change() for op in ops)
+
+
+def _wait_healthy(serving: Plan, replica: ReplicaPlan, _if) -> None:
+    url = health_url(serving, replica)
+    tries = max(1, host.data.replicas_health_timeout // 2)
+    server.shell(
+        name=f"Wait for replica {replica.index} to be healthy ({url})",
+        commands=[f"for i in $(seq 1 {tries}); do curl -fsS -o /dev/null {shlex.quote(url)} && exit 0; "
+                  f"systemctl is-failed --quiet vllm@{replica.index} && break; sleep 2; done; "
+                  f"echo 'replica {replica.index} not healthy after {host.data.replicas_health_timeout} s' >&2; "
+                  f"journalctl -u vllm@{replica.index} -n 40 --no-pager >&2; exit 1"],
+        _if=_if,
+    )
