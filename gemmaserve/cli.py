@@ -134,6 +134,17 @@ def _print_plan(result) -> None:
         console.print(f"[yellow]warning:[/yellow] {warning}")
 
 
+@app.command("demo")
+def demo(down: bool = typer.Option(False, "--down", help="Remove everything the demo made.")) -> None:
+    """Sandbox host -> real pyinfra deploy -> vLLM (CPU) + HAProxy -> verified endpoint."""
+    from gemmaserve.demo import DemoError, run_demo, run_demo_down
+
+    try:
+        run_demo_down() if down else run_demo()
+    except DemoError as error:
+        _fail(f"demo failed: {error}", 1)
+
+
 @app.command("tiny-model")
 def tiny_model(out: str = typer.Argument(..., help="Directory to write the checkpoint to.")) -> None:
     """Build a tiny, randomly initialised Gemma 4 checkpoint (a TEST model, not for production)."""

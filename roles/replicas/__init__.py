@@ -129,7 +129,9 @@ def _install_checked_env(serving: Plan, replica: ReplicaPlan):
     python = f"{serving.engine.venv}/bin/python"
     return server.shell(
         name=f"Check replica {replica.index}'s vLLM flags with vLLM's own parser, then install them",
-        commands=[f"systemd-run --wait --pipe --quiet --collect -p EnvironmentFile={pending} "
+        # As the serving user, so whatever vLLM creates while importing (cache dirs) stays its own.
+        commands=[f"systemd-run --wait --pipe --quiet --collect -p User=gemmaserve -p Group=gemmaserve "
+                  f"-p EnvironmentFile={pending} "
                   f"{python} {ARGCHECK} -- '$VLLM_ARGS' && mv {pending} {live}"],
     )
 

@@ -94,7 +94,19 @@ def bring_up(indices: list[int], request: pytest.FixtureRequest) -> list[state.H
 
 
 @pytest.fixture(scope="session")
-def sandbox_hosts(request: pytest.FixtureRequest, sandbox_ready: None) -> Iterator[list[state.Host]]:
+def served_assets(sandbox_ready: None) -> None:
+    """The prebuilt vLLM CPU venv and the tiny test model, which hosts bind read-only at boot.
+
+    Built before any host comes up (binds are fixed when nspawn starts); both are cached after the
+    first build, so later sessions take well under a second here.
+    """
+    from gemmaserve.demo import ensure_engine_and_model
+
+    ensure_engine_and_model()
+
+
+@pytest.fixture(scope="session")
+def sandbox_hosts(request: pytest.FixtureRequest, sandbox_ready: None, served_assets: None) -> Iterator[list[state.Host]]:
     """sandbox-1..N (N = request.param, default 1), running; hosts that were already up are reused."""
     count = getattr(request, "param", 1)
     yield bring_up(list(range(1, count + 1)), request)

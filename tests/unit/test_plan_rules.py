@@ -138,10 +138,10 @@ def test_binds_ipv4():
 
 
 def test_cpu_profile_sizes_kv_from_env_not_utilization():
-    result = planned({"model": "tiny", "accelerator": {"kind": "cpu", "count": 2}, "workload": {"cpu_kv_cache_gib": 0.5}})
+    result = planned({"model": "tiny", "accelerator": {"kind": "cpu", "count": 2}, "workload": {"cpu_kv_cache_gib": 2}})
     replica = result.replicas[0]
     assert "--gpu-memory-utilization" not in replica.argv
-    assert replica.env["VLLM_CPU_KVCACHE_SPACE"] == "0.5"
+    assert replica.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert len(result.replicas) == 2
     assert flag(replica.argv, "--served-model-name") == "gemmaserve/tiny-gemma4-test"
     assert any("TEST model" in w for w in result.warnings)
