@@ -1,7 +1,10 @@
-"""Figures for the sandbox itself: rootfs build, cached unpack, host up, boot, idle RSS, down."""
+"""Figures for the sandbox: rootfs build, cached unpack, host up, boot, idle RSS, down; and with a deploy:
+pyinfra deploy, no-op redeploy, time to first token after a cold and a warm replica restart."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -47,11 +50,71 @@ def measure(cold: bool = False, log: Log = print) -> dict[str, float]:
     return figures
 
 
+def _first_token_after(host: state.Host, restart: str, log: Log, timeout: float = 600) -> float:
+    """Seconds from running `restart` on the host until a streamed chat completion yields a token."""
+    import json
+    import urllib.request
+
+    from gemmaserve.endpoint import EndpointError, get_json, request
+
+    base = f"http://{host.address}:8080/v1"
+    model = get_json(f"{base}/models")["data"][0]["id"]
+    started = time.monotonic()
+    hosts.in_host(host, "/bin/sh", "-c", restart, timeout=120)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    payload = json.dumps({"model": model, "stream": True, "max_tokens": 4,
+                          "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    while time.monotonic() - started < timeout:
+        try:
+            status, _ = request(f"http://{host.address}:8080/health", timeout=2)
+            if status == 200:
+                req = urllib.request.Request(f"{base}/chat/completions", data=payload,
+                                             headers={"Content-Type": "application/json"})
+                with opener.open(req, timeout=60) as response:
+                    for line in response:
+                        if b'"content"' in line:
+                            return time.monotonic() - started
+        except (EndpointError, OSError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"no token from {base} within {timeout:.0f} s of `{restart}`")
+
+
+def measure_deploy(log: Log = print) -> dict[str, float]:
+    """Deploy the demo profile to a throwaway host with the real pyinfra CLI and time serving."""
+    from gemmaserve.demo import REPO, ensure_engine_and_model
+
+    ensure_engine_and_model()
+    figures: dict[str, float] = {}
+    taken = {h.name for h in state.load_state().hosts}
+    index = next(i for i in range(101, 255) if state.host_name(i) not in taken)
+    started = time.monotonic()
+    [host] = hosts.up_hosts([index], log=log)
+    figures["host_up_s"] = time.monotonic() - started
+    try:
+        pyinfra = [sys.executable, "-m", "pyinfra", "-y", "--limit", host.name, "hosts/sandbox.py", "deploy.py"]
+        for figure in ("deploy_s", "noop_redeploy_s"):
+            started = time.monotonic()
+            result = subprocess.run(pyinfra, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if result.returncode:
+                raise RuntimeError("deploy failed:\n" + result.stdout[-3000:])
+            figures[figure] = time.monotonic() - started
+            log(f"{figure}: {figures[figure]:.1f} s")
+        # Cold: compile caches wiped, as after a reboot with nothing restored.
+        figures["first_token_after_cold_restart_s"] = _first_token_after(
+            host, "systemctl stop vllm@0 && rm -rf /dev/shm/gemmaserve/* && systemctl start vllm@0", log)
+        figures["first_token_after_warm_restart_s"] = _first_token_after(host, "systemctl restart vllm@0", log)
+        figures["warm_over_cold"] = figures["first_token_after_warm_restart_s"] / figures["first_token_after_cold_restart_s"]
+    finally:
+        hosts.down([host.name], log=log)
+    return figures
+
+
 def print_figures(figures: dict[str, float]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table("figure", "value", title="sandbox figures")
     for name, value in figures.items():
-        table.add_row(name, f"{value:.1f}")
+        table.add_row(name, f"{value:.2f}" if value < 10 else f"{value:.1f}")
     Console().print(table)

@@ -110,12 +110,16 @@ def ssh(ctx: typer.Context, name: str = typer.Argument(..., help="Host name, e.g
 @sandbox_app.command()
 def bench(
     cold: bool = typer.Option(False, "--cold", help="Delete the cached rootfs first and time the debootstrap build."),
+    deploy: bool = typer.Option(False, "--deploy", help="Also deploy the demo profile and time serving restarts."),
 ) -> None:
-    """Print sandbox figures: rootfs build and unpack, host up, boot to ssh, idle RSS, down."""
+    """Print sandbox figures: rootfs build and unpack, host up, boot to ssh, idle RSS, down
+    (with --deploy: pyinfra deploy, no-op redeploy, first token after cold and warm restarts)."""
     from gemmaserve.sandbox import bench as sandbox_bench
 
     try:
         figures = sandbox_bench.measure(cold=cold, log=_console_log())
+        if deploy:
+            figures.update(sandbox_bench.measure_deploy(log=_console_log()))
     except (RuntimeError, OSError) as error:
         _fail(error)
     sandbox_bench.print_figures(figures)

@@ -96,10 +96,16 @@ def test_down_of_last_host_restores_ip_forward(torn_down: TornDown) -> None:
 
 
 @pytest.mark.sandbox_teardown
-def test_down_keeps_nat_for_remaining_hosts(torn_down: TornDown) -> None:
-    if not torn_down.others_up:
-        pytest.skip("no other sandbox host was up")
+def test_down_keeps_nat_while_another_host_is_up(request: pytest.FixtureRequest, sandbox_ready: None) -> None:
+    from tests.roles.conftest import bring_up
+
+    taken = {h.name for h in state.load_state().hosts}
+    first, second = [i for i in range(101, 255) if state.host_name(i) not in taken][:2]
+    bring_up([first, second], request)
+    hosts.down([state.host_name(first)])
     assert hosts.nft_table_exists()
+    hosts.down([state.host_name(second)])
+    assert hosts.nft_table_exists() == bool(state.load_state().hosts)
 
 
 # --- a running host ----------------------------------------------------------------------
