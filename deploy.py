@@ -5,14 +5,25 @@ from pyinfra import host
 from gemmaserve.hostdata import spec_from_host_data
 from gemmaserve.plan import plan
 from roles.base import base
+from roles.caches import caches
+from roles.monitoring import monitoring
+from roles.nvidia import nvidia
 from roles.replicas import replicas
+from roles.rocm import rocm
 from roles.router import router
+from roles.secrets import secrets
+from roles.tpu import tpu
 from roles.vllm import vllm
 
 # Bad host data or a config that cannot serve stops here, before any operation touches the host.
 serving = plan(spec_from_host_data(host.data.dict(), host.name)).require_ok()
 
 base()
+# Drivers first: they may reboot, and everything after them needs the devices.
+{"nvidia": nvidia, "amd": rocm, "google": tpu}.get(serving.accelerator.vendor, lambda _: None)(serving)
 vllm(serving)
+secrets(serving)
+caches(serving)
 replicas(serving)
 router(serving)
+monitoring(serving)

@@ -40,6 +40,9 @@ OBJECTIVES = {"throughput": (1, 256), "balanced": (2, 128), "latency": (4, 16)}
 MTP_ASSISTANT_GIB = 1.0
 
 
+# Where gemmaserve-hf-token.service writes the token fetched from Secret Manager (tmpfs, 0400).
+TOKEN_RUNTIME_PATH = "/run/gemmaserve-secrets/hf-token"
+
 # Wheel engines live in one venv per package and version; the sandbox binds a prebuilt one here.
 VENV_ROOT = "/opt/gemmaserve/venvs"
 # The wheel that carries vLLM for each vendor.
@@ -108,6 +111,14 @@ class Plan:
     @property
     def router_port(self) -> int:
         return self.spec.serving.router_port
+
+    @property
+    def token_source_path(self) -> str | None:
+        """The file systemd loads as each replica's `hf-token` credential, or None without a secret."""
+        secret = self.spec.secret
+        if secret is None:
+            return None
+        return secret.file or TOKEN_RUNTIME_PATH
 
     def require_ok(self) -> Plan:
         if self.refusals:

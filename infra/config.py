@@ -1,16 +1,345 @@
-"""Every stack config read in one place, validated into the same spec the pyinfra roles use."""
+"""Every stack config read in one place: the spec the roles use, plus the validated `gemmaserve:cloud` settings."""
 
 from __future__ import annotations
 
-import pulumi
+import ipaddress
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
 
-from gemmaserve.spec import Spec
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gemmaserve.catalog import GcpMachineType, TpuType
+from gemmaserve.plan import Plan, plan
+from gemmaserve.spec import Spec, SpecError
 from gemmaserve.stack import NAMESPACE, SPEC_KEYS, spec_from_config
+
+# Google's documented ranges: IAP TCP forwarding (SSH without public IPs) and the load balancer
+# health-check probers (cloud.google.com/load-balancing/docs/health-check-concepts).
+IAP_RANGE = "35.235.240.0/20"
+HEALTH_CHECK_RANGES = ("130.211.0.0/22", "35.191.0.0/16")
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+# Flex-start capacity is granted for at most 7 days (TPU and Compute Engine docs; seed 03).
+FLEX_START_MAX = timedelta(days=7)
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_ZONE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+_RESOURCE_ID = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_REGION = re.compile(r"^[a-z]+-[a-z]+\d+$")
+_PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+
+Provisioning = Literal["standard", "guaranteed", "spot", "reserved", "flex-start"]
+
+
+def parse_duration(value: str) -> timedelta:
+    """'7d', '36h', '1h30m', '90s' -> timedelta; the forms gcloud's --max-run-duration accepts."""
+    match = _DURATION.match(value.strip()) if isinstance(value, str) else None
+    if not match or not any(match.groups()):
+        raise ValueError("not a duration; allowed: a number with d/h/m/s units, e.g. 7d, 36h, 1h30m")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+
+
+class _Strict(BaseModel):
+    # As in gemmaserve.spec: a typo (`max_run_duraton`) is an error, not a silently ignored key.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WeightsDisk(_Strict):
+    """Where weights and compile caches live: local NVMe SSD (fast, lost on stop) or a persistent disk."""
+
+    type: Literal["pd-balanced", "pd-ssd", "hyperdisk-balanced", "local-ssd", "none"] = "pd-balanced"
+    size_gb: int = Field(500, ge=50, le=65536, description="Persistent disk size; ignored for local-ssd.")
+    local_ssd_count: int = Field(1, ge=1, le=32, description="375 GB NVMe partitions when type is local-ssd.")
+
+
+class Network(_Strict):
+    cidr: str = Field("10.42.0.0/16", description="VPC range; each region gets one /20, the LB proxy subnet the last.")
+
+    @field_validator("cidr")
+    @classmethod
+    def _private_range(cls, value: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(value)
+        except ValueError:
+            raise ValueError("not an IPv4 CIDR; allowed: a private range such as 10.42.0.0/16") from None
+        if not net.is_private or net.prefixlen > 18:
+            raise ValueError("allowed: a private (RFC 1918) range of size /18 or larger")
+        return value
+
+
+class ServingImage(_Strict):
+    """The Artifact Registry repository, and optionally a pinned serving image built into it."""
+
+    repository: str = Field("gemmaserve", description="Artifact Registry repository id.")
+    build: bool = Field(False, description="Build the serving image with pulumi-docker (needs a Docker daemon).")
+
+    @field_validator("repository")
+    @classmethod
+    def _repository_id(cls, value: str) -> str:
+        if not _RESOURCE_ID.match(value):
+            raise ValueError("allowed: lowercase letters, digits and hyphens, starting with a letter (max 63)")
+        return value
+
+
+class Cloud(_Strict):
+    """`gemmaserve:cloud`: where and how capacity is bought. Defaults are the safe choice."""
+
+    zones: tuple[str, ...] = Field(min_length=1, description="TPU: tried in order while a zone has no capacity. GPU: hosts spread round-robin.")
+    provisioning: Provisioning = "standard"
+    reservation: str | None = Field(None, description="Reservation name; required by provisioning 'reserved'.")
+    max_run_duration: str | None = Field(None, description="Hard stop, e.g. 7d; required by flex-start (<= 7d).")
+    termination_action: Literal["DELETE", "STOP"] = Field("DELETE", description="What happens at max_run_duration or preemption.")
+    valid_until: str | None = Field(None, description="TPU queue: give up if not provisioned within this duration.")
+    valid_after: datetime | None = Field(None, description="TPU queue: do not provision before this time (ISO 8601 with zone).")
+    hosts: int = Field(1, ge=1, le=16, description="Serving hosts; more than one puts a load balancer in front.")
+    boot_image: str = Field("projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64",
+                            description="GPU VM boot image; the nvidia role installs the driver.")
+    boot_disk_type: Literal["pd-balanced", "pd-ssd", "hyperdisk-balanced"] = "pd-balanced"
+    boot_disk_gb: int = Field(100, ge=20, le=65536)
+    weights_disk: WeightsDisk = WeightsDisk()
+    network: Network = Network()
+    serving_port_cidrs: tuple[str, ...] = Field((), description="Who may reach the router port directly.")
+    allow_public_serving: bool = Field(False, description="Must be true before 0.0.0.0/0 is accepted above.")
+    allow_external_ip: bool = Field(False, description="Hosts reach Google APIs and the internet via PGA + Cloud NAT.")
+    ssh_user: str = "gemmaserve"
+    labels: dict[str, str] = Field(default_factory=dict)
+    secret_replication: Literal["automatic"] | tuple[str, ...] = Field(
+        "automatic", description="'automatic' or a list of regions for user-managed replication.")
+    image: ServingImage = ServingImage()
+    protect: bool = Field(True, description="Protect TPU queued resources from `pulumi destroy` (seed 03).")
+
+    @field_validator("zones")
+    @classmethod
+    def _zones(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [z for z in value if not _ZONE.match(z)]
+        if bad:
+            raise ValueError(f"{', '.join(map(repr, bad))} not a zone; allowed: zone names such as us-east5-b")
+        if len(set(value)) != len(value):
+            raise ValueError("a zone is listed twice")
+        return value
+
+    @field_validator("max_run_duration", "valid_until")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)
+        return value
+
+    @field_validator("valid_after")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("needs a time zone; allowed: ISO 8601 such as 2026-01-31T08:00:00Z")
+        return value
+
+    @field_validator("serving_port_cidrs")
+    @classmethod
+    def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not a CIDR; allowed: ranges such as 10.0.0.0/8") from None
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(str(label)):
+                raise ValueError(
+                    f"{key}={label!r}: allowed: lowercase keys/values of letters, digits, '_' and '-' (max 63)")
+        return value
+
+    @field_validator("secret_replication")
+    @classmethod
+    def _regions(cls, value: Any) -> Any:
+        if value != "automatic" and (not value or not all(_REGION.match(r) for r in value)):
+            raise ValueError("allowed: 'automatic' or a non-empty list of regions such as [us-east5]")
+        return value
+
+    @model_validator(mode="after")
+    def _fits_together(self) -> Cloud:
+        problems: list[tuple[str, Any, str]] = []
+        duration = parse_duration(self.max_run_duration) if self.max_run_duration else None
+        if self.provisioning == "flex-start":
+            if duration is None:
+                problems.append(("max_run_duration", None, "flex-start needs one; allowed: a duration up to 7d"))
+            elif duration > FLEX_START_MAX:
+                problems.append(("max_run_duration", self.max_run_duration, "flex-start allows at most 7d"))
+            if self.termination_action != "DELETE":
+                problems.append(("termination_action", self.termination_action, "flex-start capacity is returned; allowed: DELETE"))
+        elif duration is not None and self.provisioning in ("guaranteed", "reserved"):
+            problems.append(("max_run_duration", self.max_run_duration,
+                             f"{self.provisioning} capacity has no run limit; allowed with standard, spot, flex-start"))
+        if self.provisioning == "reserved" and not self.reservation:
+            problems.append(("reservation", None, "provisioning 'reserved' needs a reservation name"))
+        if self.reservation and self.provisioning != "reserved":
+            problems.append(("reservation", self.reservation, "only with provisioning: reserved"))
+        world = [c for c in self.serving_port_cidrs if ipaddress.ip_network(c).prefixlen == 0]
+        if world and not self.allow_public_serving:
+            problems.append(("serving_port_cidrs", list(self.serving_port_cidrs),
+                             f"{', '.join(world)} opens the serving port to the internet; allowed: narrower ranges,"
+                             " or set allow_public_serving: true"))
+        if len(self.regions) + 1 > 2 ** (20 - ipaddress.IPv4Network(self.network.cidr).prefixlen):
+            problems.append(("network.cidr", self.network.cidr, f"too small for {len(self.regions)} regions of /20"))
+        if problems:
+            raise SpecError([f"cloud.{field} = {value!r}: {why}" for field, value, why in problems])
+        return self
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        """Regions of the zones, in first-seen order (one subnet, router and NAT each)."""
+        return tuple(dict.fromkeys(_ZONE.match(z).group(1) for z in self.zones))
+
+    @property
+    def max_run_seconds(self) -> int | None:
+        return int(parse_duration(self.max_run_duration).total_seconds()) if self.max_run_duration else None
+
+    @property
+    def valid_until_seconds(self) -> int | None:
+        return int(parse_duration(self.valid_until).total_seconds()) if self.valid_until else None
+
+
+def _describe(error: dict) -> str:
+    path = ".".join(str(p) for p in ("cloud", *error["loc"]))
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        return f"{path}: unknown field; allowed fields: see infra/config.py Cloud ({', '.join(Cloud.model_fields)})"
+    if error["type"] == "missing":
+        return f"{path}: required field is missing"
+    return f"{path} = {error['input']!r}: {message}"
+
+
+def parse_cloud(data: Any, source: str = "gemmaserve:cloud") -> Cloud:
+    """Validate the `gemmaserve:cloud` mapping, or raise SpecError naming every field, value and what is allowed."""
+    if not isinstance(data, dict):
+        raise SpecError([f"cloud = {data!r}: must be a mapping with at least `zones`"], source)
+    try:
+        return Cloud.model_validate(data)
+    except SpecError as error:
+        raise SpecError(error.problems, source) from None
+    except ValidationError as error:
+        raise SpecError([_describe(e) for e in error.errors()], source) from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the program declares from: validated spec, its plan and the cloud settings."""
+
+    project: str
+    region: str
+    stack: str
+    spec: Spec
+    plan: Plan
+    cloud: Cloud
+    # The TPU type or GCE machine type the plan runs on (exactly one is set).
+    tpu_type: TpuType | None
+    machine_type: GcpMachineType | None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        base = {
+            "app": "gemmaserve",
+            "managed-by": "pulumi",
+            "stack": re.sub(r"[^a-z0-9_-]", "-", self.stack.lower())[:63],
+            "model": self.spec.model_info.aliases[0],
+            "accelerator": self.spec.accelerator_info.name,
+        }
+        return {**base, **self.cloud.labels}
+
+    @property
+    def name(self) -> str:
+        """Prefix for cloud resource names: short, lowercase, starts with a letter."""
+        return ("gs-" + re.sub(r"[^a-z0-9-]", "-", self.stack.lower()))[:20].rstrip("-")
+
+
+def settings_from_config(
+    raw: dict[str, Any], gcp: dict[str, Any], stack: str, source: str | None = None
+) -> Settings:
+    """Validate spec + cloud + gcp provider settings together; nothing is declared before this returns."""
+    source = source or f"stack {stack}"
+    problems: list[str] = []
+    spec = cloud = None
+    try:
+        spec = spec_from_config({k: v for k, v in raw.items() if k in SPEC_KEYS}, source)
+    except SpecError as error:
+        problems += error.problems
+    try:
+        cloud = parse_cloud(raw.get("cloud"), source)
+    except SpecError as error:
+        problems += error.problems
+    project, region = gcp.get("project"), gcp.get("region")
+    if not project or not _PROJECT.match(str(project)):
+        problems.append(f"gcp:project = {project!r}: required; allowed: a project id (pulumi config set gcp:project ID)")
+    if spec is not None and cloud is not None:
+        problems += _cross_problems(spec, cloud, region)
+    if problems:
+        raise SpecError(problems, source)
+    serving_plan = plan(spec).require_ok()
+    acc, count = spec.accelerator_info, spec.accelerator.count
+    return Settings(
+        project=project, region=region or cloud.regions[0], stack=stack, spec=spec, plan=serving_plan, cloud=cloud,
+        tpu_type=acc.tpu_type_for(count) if acc.is_tpu else None,
+        machine_type=acc.machine_type_for(count) if acc.is_gpu else None,
+    )
+
+
+def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
+    acc, count = spec.accelerator_info, spec.accelerator.count
+    problems = []
+    if acc.is_tpu:
+        if acc.tpu_type_for(count) is None:
+            problems.append(f"accelerator.count = {count}: no {acc.name} TPU type has {count} chips; allowed: "
+                            f"{', '.join(str(t.chips) for t in acc.tpu_types)}")
+        if cloud.hosts != 1:
+            problems.append(f"cloud.hosts = {cloud.hosts}: a TPU stack is one queued slice; allowed: 1")
+    elif acc.is_gpu:
+        if not acc.gcp_machine_types:
+            problems.append(f"accelerator.kind = {acc.name!r}: not sold on Google Cloud; allowed: "
+                            "a100-40gb, a100-80gb, h100-80gb, h200, b200, rtx-pro-6000, l4, tpu-*")
+        elif acc.machine_type_for(count) is None:
+            problems.append(f"accelerator.count = {count}: no {acc.name} machine type has {count} GPUs; allowed: "
+                            f"{', '.join(str(m.count) for m in acc.gcp_machine_types)}")
+        if cloud.provisioning == "guaranteed":
+            problems.append("cloud.provisioning = 'guaranteed': a TPU queued-resource tier; allowed for GPU VMs: "
+                            "standard, spot, reserved, flex-start")
+        if cloud.valid_until or cloud.valid_after:
+            problems.append("cloud.valid_until/valid_after: TPU queueing policy only; allowed for GPU VMs: unset")
+    else:
+        problems.append(f"accelerator.kind = {acc.name!r}: the Pulumi program provisions GPUs and TPUs; "
+                        "cpu hosts are the sandbox's")
+    if region and any(r != region for r in cloud.regions) and not acc.is_tpu:
+        problems.append(f"cloud.zones = {list(cloud.zones)!r}: GPU hosts must be in gcp:region {region}")
+    return problems
+
+
+def read_settings() -> Settings:
+    """The current stack's config, validated (raises SpecError before any resource is declared)."""
+    import pulumi  # here, so the schema above imports without the Pulumi runtime
+
+    config = pulumi.Config(NAMESPACE)
+    # `model` is a plain string (26b-a4b); the other keys are YAML mappings, i.e. JSON objects.
+    raw = {key: config.get_object(key) for key in SPEC_KEYS + ("cloud",) if key != "model"}
+    raw["model"] = config.get("model")
+    gcp = pulumi.Config("gcp")
+    return settings_from_config(
+        {k: v for k, v in raw.items() if v is not None},
+        {"project": gcp.get("project"), "region": gcp.get("region")},
+        pulumi.get_stack(),
+    )
+
+
+def read_hf_token():
+    """`pulumi config set --secret hfToken`: an Output marked secret, or None when unset."""
+    import pulumi
+
+    return pulumi.Config(NAMESPACE).get_secret("hfToken")
 
 
 def read_spec() -> Spec:
-    """The `gemmaserve:` keys of the current stack as a validated Spec (raises SpecError before any resource)."""
-    config = pulumi.Config(NAMESPACE)
-    raw = {key: config.get_object(key) for key in SPEC_KEYS}
-    raw["model"] = config.get("model")
-    return spec_from_config({k: v for k, v in raw.items() if v is not None}, f"stack {pulumi.get_stack()}")
+    """Kept for callers of the first program: the validated spec alone."""
+    return read_settings().spec

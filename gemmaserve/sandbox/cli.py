@@ -108,6 +108,17 @@ def ssh(ctx: typer.Context, name: str = typer.Argument(..., help="Host name, e.g
 
 
 @sandbox_app.command()
+def reboot(name: str = typer.Argument(..., help="Host name, e.g. sandbox-1.")) -> None:
+    """Reboot a host: a clean shutdown inside, then the same rootfs boots again."""
+    from gemmaserve.sandbox import hosts
+
+    try:
+        hosts.reboot(name, log=_console_log())
+    except RuntimeError as error:
+        _fail(error)
+
+
+@sandbox_app.command()
 def bench(
     cold: bool = typer.Option(False, "--cold", help="Delete the cached rootfs first and time the debootstrap build."),
     deploy: bool = typer.Option(False, "--deploy", help="Also deploy the demo profile and time serving restarts."),

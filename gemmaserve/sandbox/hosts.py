@@ -616,6 +616,28 @@ def _remove_image_lock(host: Host) -> None:
     Path(f"/run/systemd/nspawn/locks/inode-{image.st_dev}:{image.st_ino}").unlink(missing_ok=True)
 
 
+def reboot(name: str, log: Log = _plain_log, timeout: float = STOP_TIMEOUT_S) -> Host:
+    """Reboot a host as a machine reboots: systemd inside shuts everything down, nspawn exits (as it
+    does on a container reboot, status 133), and the same rootfs boots again with fresh tmpfs mounts
+    (/dev/shm, /run), the same address, cgroups and binds."""
+    with state.locked_state() as st:
+        host = st.host(name)
+        if host is None or not is_alive(host):
+            raise RuntimeError(f"{name} is not running")
+        started = time.monotonic()
+        in_host(host, "systemctl", "reboot")
+        while is_alive(host) and time.monotonic() - started < timeout:
+            time.sleep(0.1)
+        if is_alive(host):
+            raise RuntimeError(f"{name}: still running {timeout:.0f} s after `systemctl reboot`")
+        _remove_image_lock(host)
+        host.pid = start_nspawn(host, host.bind_ro)
+        state.save_state(st)
+        wait_booted(host, log)
+        log(f"{name}: rebooted in {time.monotonic() - started:.1f} s")
+        return host
+
+
 def down(names: Iterable[str] | None = None, log: Log = _plain_log) -> None:
     """Stop and remove the named hosts (all when None); the last one out removes NAT and state."""
     if not state.STATE_FILE.exists():

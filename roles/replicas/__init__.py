@@ -14,8 +14,8 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.facts.server import Command
 from pyinfra.operations import files, server, systemd
 
-from gemmaserve.plan import SHM_CACHE_ROOT, STATE_DIR, Plan, ReplicaPlan
-from roles.vllm import ARGCHECK
+from gemmaserve.plan import STATE_DIR, Plan, ReplicaPlan
+from roles.vllm import ARGCHECK, LIB_DIR
 
 TEMPLATES = Path(__file__).parent / "templates"
 CACHE_ENV_KEYS = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_XLA_CACHE_PATH",
@@ -26,6 +26,7 @@ DEFAULTS = {
     "replicas_health_timeout": 900,  # seconds a restarted replica may take to report healthy
     "replicas_stagger_checks": 300,  # x 2 s that a replica waits for the previous one to be healthy
     "replicas_nofile": 1048576,
+    "replicas_drain_timeout": 600,  # seconds in-flight requests may take to finish before a restart
 }
 
 
@@ -74,18 +75,13 @@ def device_nodes(serving: Plan) -> list[str]:
 
 @deploy("Run vLLM replicas", data_defaults=DEFAULTS)
 def replicas(serving: Plan) -> None:
-    credential = "/etc/gemmaserve/hf-token" if serving.spec.secret else None
-    tmpfiles = files.put(
-        name="Keep the /dev/shm cache root across reboots (tmpfiles.d)",
-        src=StringIO(f"d {SHM_CACHE_ROOT} 0750 gemmaserve gemmaserve -\n"),
-        dest="/etc/tmpfiles.d/gemmaserve.conf", mode="0644",
-    )
-    server.shell(name="Create the /dev/shm cache root", commands=["systemd-tmpfiles --create /etc/tmpfiles.d/gemmaserve.conf"],
-                 _if=tmpfiles.did_change)
+    credential = serving.token_source_path
+    fetch_unit = "gemmaserve-hf-token.service" if serving.spec.secret and serving.spec.secret.secret_manager else None
     unit = files.template(
         name="Install the vllm@.service template",
         src=str(TEMPLATES / "vllm@.service.j2"), dest="/etc/systemd/system/vllm@.service", mode="0644",
         model=serving.model.hf_id, vllm_executable=serving.engine.vllm_executable, credential=credential,
+        fetch_unit=fetch_unit,
         devices=device_nodes(serving), state_dir=STATE_DIR, nofile=host.data.replicas_nofile,
         timeout_start=host.data.replicas_timeout_start, stagger_checks=host.data.replicas_stagger_checks,
     )
@@ -101,6 +97,11 @@ def replicas(serving: Plan) -> None:
         name = f"vllm@{replica.index}.service"
         env_installed = _install_checked_env(serving, replica)
         changed = _changed(unit, *([env_installed] if env_installed else []))
+        # Rolling restart: no new requests for this replica, its running ones finish, then it restarts;
+        # the others keep serving (see gemmaserve/haproxy_admin.py).
+        admin = f"python3 {LIB_DIR}/haproxy_admin.py"
+        server.shell(name=f"Drain replica {replica.index} in HAProxy", _if=changed,
+                     commands=[f"{admin} drain vllm/replica{replica.index} --timeout {host.data.replicas_drain_timeout}"])
         # A replica that crash-looped sits in start-limit-hit until its failed state is cleared.
         failed = (host.get_fact(Command, f"systemctl is-failed {name} || true") or "").strip() == "failed"
         server.shell(name=f"Clear {name}'s failed state", commands=[f"systemctl reset-failed {name}"],
@@ -111,6 +112,8 @@ def replicas(serving: Plan) -> None:
         )
         started = systemd.service(name=f"Enable {name} and keep it running", service=name, enabled=True, running=True)
         _wait_healthy(serving, replica, _if=_changed(restarted, started))
+        server.shell(name=f"Return replica {replica.index} to HAProxy", _if=changed,
+                     commands=[f"{admin} ready vllm/replica{replica.index} --timeout 120"])
 
 
 def _install_checked_env(serving: Plan, replica: ReplicaPlan):

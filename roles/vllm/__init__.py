@@ -38,7 +38,7 @@ def installed_vllm_version(venv: str) -> str | None:
 def vllm(serving: Plan) -> None:
     engine = serving.engine
     files.directory(name="Create the gemmaserve library directory", path=LIB_DIR, mode="0755")
-    for module in ("vllm_cpu.py", "vllm_argcheck.py"):
+    for module in ("vllm_cpu.py", "vllm_argcheck.py", "haproxy_admin.py"):
         files.put(name=f"Install {module}", src=str(PACKAGE_DIR / module), dest=f"{LIB_DIR}/{module}", mode="0644")
     if engine.kind == "wheel":
         _install_wheel(serving)

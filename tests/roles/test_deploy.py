@@ -156,11 +156,22 @@ def test_replica_not_exposed_beyond_loopback(deployed, sandbox_host):
     assert not sandbox_host.socket("tcp://0.0.0.0:8000").is_listening
 
 
-@pytest.mark.parametrize("unit", ["/etc/systemd/system/vllm@.service", "/etc/systemd/system/gemmaserve.target"])
+RENDERED_UNITS = ["vllm@0.service", "gemmaserve.target", "gemmaserve-cache-restore.service",
+                  "gemmaserve-cache-save.service", "gemmaserve-cache-save.timer"]
+
+
+@pytest.mark.parametrize("unit", RENDERED_UNITS)
 def test_units_pass_systemd_analyze_verify(deployed, sandbox_host, unit):
-    target = unit.replace("vllm@.service", "vllm@0.service")
-    result = sandbox_host.run(f"systemd-analyze verify {target}")
+    result = sandbox_host.run(f"systemd-analyze verify /etc/systemd/system/{unit.replace('@0', '@')}" if "@" in unit
+                              else f"systemd-analyze verify /etc/systemd/system/{unit}")
     assert result.rc == 0 and result.stdout.strip() == "" and result.stderr.strip() == "", result.stderr
+
+
+def test_replica_unit_is_hardened(deployed, sandbox_host):
+    output = sandbox_host.run("systemd-analyze security --no-pager vllm@0.service").stdout
+    exposure = float(re.search(r"Overall exposure level for vllm@0.service: ([0-9.]+)", output)[1])
+    print(f"\n[figure] systemd-analyze security exposure of vllm@0.service: {exposure}")
+    assert exposure <= 5.0
 
 
 def test_haproxy_config_is_valid(deployed, sandbox_host):

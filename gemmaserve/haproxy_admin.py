@@ -1,0 +1,88 @@
+"""Drain and re-enable a replica in HAProxy through its admin socket, for rolling restarts.
+
+Runs on serving hosts as a standalone script (stdlib only), from the replicas role:
+
+    python3 haproxy_admin.py drain vllm/replica0 [--timeout S]   # no new requests; wait until idle
+    python3 haproxy_admin.py ready vllm/replica0 [--timeout S]   # take requests again; wait until UP
+
+With no HAProxy socket (the router is not installed yet, on a first deploy) there is nothing to drain
+and both commands succeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import socket
+import sys
+import time
+
+SOCKET = "/run/haproxy/admin.sock"
+
+
+def command(line: str, path: str = SOCKET) -> str:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(10)
+        conn.connect(path)
+        conn.sendall(line.encode() + b"\n")
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def server_stats(backend: str, server: str, path: str = SOCKET) -> dict[str, str] | None:
+    rows = csv.DictReader(io.StringIO(command("show stat", path).lstrip("# ")))
+    return next((row for row in rows if row["pxname"] == backend and row["svname"] == server), None)
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def drain(name: str, timeout: float, path: str = SOCKET) -> None:
+    backend, server = name.split("/", 1)
+    if server_stats(backend, server, path) is None:
+        # A replica this deploy adds: HAProxy learns about it when the router role renders its config.
+        print(f"{name}: not in HAProxy's config yet, nothing to drain", file=sys.stderr)
+        return
+    command(f"set server {name} state drain", path)
+    # Requests already running on it finish; only then may the replica restart.
+    _wait(lambda: int(server_stats(backend, server, path)["scur"] or 0) == 0 and
+          int(server_stats(backend, server, path)["qcur"] or 0) == 0, timeout, f"{name} to go idle")
+    print(f"{name}: drained", file=sys.stderr)
+
+
+def ready(name: str, timeout: float, path: str = SOCKET) -> None:
+    backend, server = name.split("/", 1)
+    if server_stats(backend, server, path) is None:
+        print(f"{name}: not in HAProxy's config yet; the router role adds it", file=sys.stderr)
+        return
+    command(f"set server {name} state ready", path)
+    _wait(lambda: server_stats(backend, server, path)["status"].startswith("UP"), timeout, f"{name} to be UP")
+    print(f"{name}: ready and UP", file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="haproxy_admin.py")
+    parser.add_argument("action", choices=["drain", "ready"])
+    parser.add_argument("server", help="BACKEND/SERVER, e.g. vllm/replica0")
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--socket", default=SOCKET)
+    args = parser.parse_args(argv)
+    if not os.path.exists(args.socket):
+        print(f"{args.socket} absent: HAProxy not running here yet, nothing to {args.action}", file=sys.stderr)
+        return 0
+    (drain if args.action == "drain" else ready)(args.server, args.timeout, args.socket)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

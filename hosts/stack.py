@@ -1,0 +1,50 @@
+"""pyinfra inventory from a Pulumi stack's `hosts` output, with the stack's spec as host data.
+
+    GEMMASERVE_STACK=tpu-v6e4 pyinfra hosts/stack.py deploy.py
+
+Host records come from `pulumi stack output hosts --json --stack STACK`, or, offline, from the JSON
+file in GEMMASERVE_HOSTS_JSON (the same output saved earlier). Hosts have no public IP: run from a
+machine on the VPC, or set GEMMASERVE_SSH_PROXY to an ssh ProxyCommand (for example an IAP tunnel:
+`gcloud compute start-iap-tunnel %h 22 --listen-on-stdin --zone ZONE`).
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from gemmaserve.stack import SPEC_KEYS, read_stack_config
+
+STACK = os.environ.get("GEMMASERVE_STACK")
+if not STACK:
+    raise SystemExit("hosts/stack.py: set GEMMASERVE_STACK to a stack name (e.g. tpu-v6e4)")
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def _records() -> list[dict]:
+    saved = os.environ.get("GEMMASERVE_HOSTS_JSON")
+    if saved:
+        return json.loads(Path(saved).read_text())
+    output = subprocess.run(["pulumi", "stack", "output", "hosts", "--json", "--stack", STACK],
+                            cwd=PROJECT, capture_output=True, text=True, check=True).stdout
+    return json.loads(output)
+
+
+_spec_data = {f"gemmaserve_{k}": v for k, v in read_stack_config(STACK, PROJECT).items() if k in SPEC_KEYS}
+_proxy = os.environ.get("GEMMASERVE_SSH_PROXY")
+
+serving = [
+    (
+        record["name"],
+        {
+            "ssh_hostname": record.get("internal_ip") or record["name"],
+            **({"ssh_user": record["ssh_user"]} if record.get("ssh_user") else {}),
+            **({"ssh_proxy_command": _proxy.replace("%h", record["name"]).replace("ZONE", record.get("zone", ""))}
+               if _proxy else {}),
+            "_sudo": True,
+            **_spec_data,
+        },
+    )
+    for record in _records()
+]

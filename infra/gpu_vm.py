@@ -1,0 +1,114 @@
+"""GpuVm: one Compute Engine GPU host: machine type from the catalog, private, scheduled as configured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_gcp as gcp
+
+from config import CLOUD_PLATFORM_SCOPE
+
+PROVISIONING_MODEL = {"standard": "STANDARD", "reserved": "STANDARD", "spot": "SPOT", "flex-start": "FLEX_START"}
+
+
+@dataclass
+class GpuVmArgs:
+    zone: str
+    machine_type: str
+    # a2/a3/a4/g2/g4 machine types carry their GPUs: declaring guest_accelerators is an API error.
+    bundles_accelerators: bool
+    accelerator_type: str | None
+    accelerator_count: int
+    subnetwork: pulumi.Input[str]
+    service_account: pulumi.Input[str]
+    boot_image: str
+    boot_disk_type: str = "pd-balanced"
+    boot_disk_gb: int = 100
+    weights_disk_type: str = "pd-balanced"
+    weights_disk_gb: int = 500
+    local_ssd_count: int = 1
+    provisioning: str = "standard"
+    max_run_seconds: int | None = None
+    termination_action: str = "DELETE"
+    reservation: str | None = None
+    allow_external_ip: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+
+
+def scheduling(args: GpuVmArgs) -> gcp.compute.InstanceSchedulingArgs:
+    """GPU hosts cannot live-migrate, so host maintenance terminates them (and standard ones restart)."""
+    model = PROVISIONING_MODEL[args.provisioning]
+    stoppable = model in ("SPOT", "FLEX_START") or args.max_run_seconds is not None
+    return gcp.compute.InstanceSchedulingArgs(
+        on_host_maintenance="TERMINATE",
+        automatic_restart=model == "STANDARD",
+        preemptible=model == "SPOT",
+        provisioning_model=model,
+        instance_termination_action=args.termination_action if stoppable else None,
+        max_run_duration=gcp.compute.InstanceSchedulingMaxRunDurationArgs(seconds=args.max_run_seconds)
+        if args.max_run_seconds else None,
+    )
+
+
+def reservation_affinity(args: GpuVmArgs) -> gcp.compute.InstanceReservationAffinityArgs:
+    if args.provisioning == "reserved":
+        return gcp.compute.InstanceReservationAffinityArgs(
+            type="SPECIFIC_RESERVATION",
+            specific_reservation=gcp.compute.InstanceReservationAffinitySpecificReservationArgs(
+                key="compute.googleapis.com/reservation-name", values=[args.reservation]))
+    # Spot and flex-start capacity never comes out of a reservation (flex-start requires this).
+    return gcp.compute.InstanceReservationAffinityArgs(
+        type="ANY_RESERVATION" if args.provisioning == "standard" else "NO_RESERVATION")
+
+
+class GpuVm(pulumi.ComponentResource):
+    """A GPU instance with a boot disk, a weights/cache disk, no external IP by default, and labels."""
+
+    def __init__(self, name: str, args: GpuVmArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gemmaserve:gcp:GpuVm", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        attached, scratch = [], []
+        if args.weights_disk_type == "local-ssd":
+            scratch = [gcp.compute.InstanceScratchDiskArgs(interface="NVME") for _ in range(args.local_ssd_count)]
+        elif args.weights_disk_type != "none":
+            disk = gcp.compute.Disk(
+                f"{name}-weights", zone=args.zone, type=args.weights_disk_type, size=args.weights_disk_gb,
+                labels=args.labels, opts=child)
+            attached = [gcp.compute.InstanceAttachedDiskArgs(source=disk.id, device_name="weights")]
+        accelerators = None
+        if not args.bundles_accelerators:
+            accelerators = [gcp.compute.InstanceGuestAcceleratorArgs(type=args.accelerator_type,
+                                                                      count=args.accelerator_count)]
+        self.instance = gcp.compute.Instance(
+            f"{name}",
+            zone=args.zone,
+            machine_type=args.machine_type,
+            boot_disk=gcp.compute.InstanceBootDiskArgs(initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
+                image=args.boot_image, size=args.boot_disk_gb, type=args.boot_disk_type)),
+            attached_disks=attached,
+            scratch_disks=scratch,
+            guest_accelerators=accelerators,
+            network_interfaces=[gcp.compute.InstanceNetworkInterfaceArgs(
+                subnetwork=args.subnetwork,
+                # An empty access config asks for an ephemeral public IP; none means private only.
+                access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()] if args.allow_external_ip else [],
+            )],
+            service_account=gcp.compute.InstanceServiceAccountArgs(email=args.service_account, scopes=[CLOUD_PLATFORM_SCOPE]),
+            scheduling=scheduling(args),
+            reservation_affinity=reservation_affinity(args),
+            shielded_instance_config=gcp.compute.InstanceShieldedInstanceConfigArgs(
+                enable_integrity_monitoring=True, enable_vtpm=True),
+            # SSH arrives through IAP only (firewall); keys or OS Login come from project settings, and
+            # cloud.ssh_user names the account the inventories log in as.
+            labels=args.labels,
+            tags=args.tags,
+            allow_stopping_for_update=True,
+            opts=child,
+        )
+        self.zone = pulumi.Output.from_input(args.zone)
+        self.internal_ip = self.instance.network_interfaces.apply(lambda nics: nics[0].network_ip)
+        self.external_ip = self.instance.network_interfaces.apply(
+            lambda nics: (nics[0].access_configs[0].nat_ip if nics[0].access_configs else None))
+        self.register_outputs({"internal_ip": self.internal_ip, "zone": self.zone})

@@ -1,0 +1,204 @@
+"""The gemmaserve CrossGuard rules: plain functions over (type, props) plus the Policy objects wrapping them.
+
+Importable without the Pulumi CLI (policy/__main__.py starts the analyzer server; this module does not),
+so tests call the check_* functions and the policies' validate callbacks directly.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any, Iterable, Mapping
+
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+INSTANCE = "gcp:compute/instance:Instance"
+FIREWALL = "gcp:compute/firewall:Firewall"
+DYNAMIC = "pulumi-python:dynamic:Resource"
+STACK = "pulumi:pulumi:Stack"
+# GCP resources gemmaserve labels (cost attribution, cleanup); TPU queued resources carry node labels.
+LABELED_TYPES = (
+    INSTANCE, "gcp:compute/disk:Disk", "gcp:secretmanager/secret:Secret",
+    "gcp:artifactregistry/repository:Repository", "gcp:compute/forwardingRule:ForwardingRule",
+)
+DEFAULT_REQUIRED_LABELS = ("app", "managed-by", "stack")
+DEFAULT_SERVING_PORTS = (8080,)
+# A Hugging Face user access token, and output keys that must never carry a plaintext secret.
+HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")
+SECRET_KEYS = re.compile(r"(token|secret_data|secretdata|password|api_key|apikey)$", re.IGNORECASE)
+
+
+def is_queued_resource(resource_type: str, props: Mapping[str, Any]) -> bool:
+    return resource_type == DYNAMIC and "queued_resource_id" in props
+
+
+def check_external_ip(resource_type: str, props: Mapping[str, Any], allow: bool = False) -> list[str]:
+    """Serving machines get no public IP (Private Google Access + Cloud NAT) unless explicitly allowed."""
+    if allow:
+        return []
+    if resource_type == INSTANCE:
+        for nic in props.get("networkInterfaces") or []:
+            if nic.get("accessConfigs"):
+                return ["has an external IP (networkInterfaces[].accessConfigs); serving hosts stay private"]
+    if is_queued_resource(resource_type, props) and props.get("enable_external_ips"):
+        return ["TPU queued resource requests external IPs (enable_external_ips); serving hosts stay private"]
+    return []
+
+
+def _ports(allow: Mapping[str, Any]) -> list[tuple[int, int]] | None:
+    """Port ranges a firewall allow entry opens; None means every port."""
+    if allow.get("protocol") not in ("tcp", "all"):
+        return []
+    ports = allow.get("ports") or []
+    if not ports:
+        return None
+    spans = []
+    for port in ports:
+        low, _, high = str(port).partition("-")
+        spans.append((int(low), int(high or low)))
+    return spans
+
+
+def check_world_serving_port(resource_type: str, props: Mapping[str, Any],
+                             serving_ports: Iterable[int] = DEFAULT_SERVING_PORTS) -> list[str]:
+    """No ingress from 0.0.0.0/0 (or ::/0) to a serving port, or to all ports."""
+    if resource_type != FIREWALL or props.get("direction", "INGRESS") != "INGRESS":
+        return []
+    world = [r for r in props.get("sourceRanges") or [] if ipaddress.ip_network(r, strict=False).prefixlen == 0]
+    if not world:
+        return []
+    problems = []
+    for allow in props.get("allows") or []:
+        spans = _ports(allow)
+        if spans is None:
+            problems.append(f"allows every {allow.get('protocol')} port from {', '.join(world)}")
+            continue
+        hit = [p for p in serving_ports if any(low <= p <= high for low, high in spans)]
+        if hit:
+            problems.append(f"opens serving port {', '.join(map(str, hit))} to {', '.join(world)}")
+    return problems
+
+
+def check_flex_start_duration(resource_type: str, props: Mapping[str, Any]) -> list[str]:
+    """Flex-start capacity must say when it ends (max run duration, at most 7 days)."""
+    if resource_type == INSTANCE:
+        scheduling = props.get("scheduling") or {}
+        if scheduling.get("provisioningModel") == "FLEX_START":
+            seconds = (scheduling.get("maxRunDuration") or {}).get("seconds")
+            if not seconds:
+                return ["FLEX_START instance without scheduling.maxRunDuration"]
+            if int(seconds) > 7 * 86400:
+                return [f"FLEX_START maxRunDuration {seconds} s exceeds 7 days"]
+    if is_queued_resource(resource_type, props) and props.get("provisioning") == "flex-start":
+        seconds = props.get("max_run_seconds")
+        if not seconds:
+            return ["flex-start TPU queued resource without max_run_seconds"]
+        if int(seconds) > 7 * 86400:
+            return [f"flex-start max_run_seconds {seconds} exceeds 7 days"]
+    return []
+
+
+def check_queued_resource_protected(resource_type: str, props: Mapping[str, Any], protect: bool) -> list[str]:
+    """Seed 03: never destroy an active queued resource by accident."""
+    if is_queued_resource(resource_type, props) and not protect:
+        return ["TPU queued resource is not protected (ResourceOptions(protect=True))"]
+    return []
+
+
+def check_labels(resource_type: str, props: Mapping[str, Any],
+                 required: Iterable[str] = DEFAULT_REQUIRED_LABELS) -> list[str]:
+    if resource_type not in LABELED_TYPES and not is_queued_resource(resource_type, props):
+        return []
+    labels = props.get("labels") or {}
+    missing = [key for key in required if not labels.get(key)]
+    return [f"missing labels: {', '.join(missing)}"] if missing else []
+
+
+def check_plaintext_secrets(outputs: Mapping[str, Any], path: str = "") -> list[str]:
+    """Stack outputs carry no token: neither an hf_... value nor a secret-named key with a plain string."""
+    problems = []
+    items = outputs.items() if isinstance(outputs, Mapping) else enumerate(outputs)
+    for key, value in items:
+        where = f"{path}.{key}" if path else str(key)
+        if isinstance(value, (Mapping, list, tuple)):
+            problems += check_plaintext_secrets(value, where)
+        elif isinstance(value, str):
+            if HF_TOKEN.search(value):
+                problems.append(f"output {where} contains a Hugging Face token")
+            elif SECRET_KEYS.search(str(key)) and value:
+                problems.append(f"output {where} looks like a plaintext secret")
+    return problems
+
+
+def _report(problems: list[str], report: ReportViolation, urn: str | None = None) -> None:
+    for problem in problems:
+        if urn:
+            report(problem, urn)
+        else:
+            report(problem)
+
+
+# The validate callbacks: (args, report) as pulumi-policy calls them; tests call them the same way.
+
+def validate_external_ip(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    allow = bool(args.get_config().get("allowExternalIp", False))
+    _report(check_external_ip(args.resource_type, args.props, allow), report)
+
+
+def validate_world_serving_port(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    ports = args.get_config().get("servingPorts", list(DEFAULT_SERVING_PORTS))
+    _report(check_world_serving_port(args.resource_type, args.props, ports), report)
+
+
+def validate_flex_start_duration(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    _report(check_flex_start_duration(args.resource_type, args.props), report)
+
+
+def validate_queued_resource_protected(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    _report(check_queued_resource_protected(args.resource_type, args.props, bool(args.opts.protect)), report)
+
+
+def validate_labels(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    required = args.get_config().get("requiredLabels", list(DEFAULT_REQUIRED_LABELS))
+    _report(check_labels(args.resource_type, args.props, required), report)
+
+
+def validate_stack_outputs(args: StackValidationArgs, report: ReportViolation) -> None:
+    # Validation sees secrets unwrapped, so this flags a token even in a secret output: hosts read the
+    # token from Secret Manager, and no output needs it in any form.
+    for resource in args.resources:
+        if resource.resource_type == STACK:
+            _report(check_plaintext_secrets(resource.props), report, resource.urn)
+
+
+def _mandatory(name: str, description: str, validate, schema: PolicyConfigSchema | None = None):
+    return ResourceValidationPolicy(name=name, description=description, validate=validate,
+                                    enforcement_level=EnforcementLevel.MANDATORY, config_schema=schema)
+
+
+POLICIES = [
+    _mandatory("no-external-ip", "Serving machines have no external IP unless allowExternalIp is set.",
+               validate_external_ip,
+               PolicyConfigSchema(properties={"allowExternalIp": {"type": "boolean", "default": False}})),
+    _mandatory("no-world-serving-port", "No firewall opens the serving port (or all ports) to 0.0.0.0/0.",
+               validate_world_serving_port,
+               PolicyConfigSchema(properties={"servingPorts": {
+                   "type": "array", "items": {"type": "integer"}, "default": list(DEFAULT_SERVING_PORTS)}})),
+    _mandatory("flex-start-max-run-duration", "Flex-start capacity declares a max run duration of at most 7 days.",
+               validate_flex_start_duration),
+    _mandatory("tpu-queued-resource-protected", "TPU queued resources are protected from accidental deletion.",
+               validate_queued_resource_protected),
+    _mandatory("labels-present", "Labelable resources carry the gemmaserve labels.", validate_labels,
+               PolicyConfigSchema(properties={"requiredLabels": {
+                   "type": "array", "items": {"type": "string"}, "default": list(DEFAULT_REQUIRED_LABELS)}})),
+    StackValidationPolicy(name="no-plaintext-secret-outputs", description="Stack outputs never carry a token.",
+                          validate=validate_stack_outputs, enforcement_level=EnforcementLevel.MANDATORY),
+]

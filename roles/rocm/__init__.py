@@ -1,0 +1,173 @@
+"""AMD ROCm: a pinned ROCm (and amdgpu DKMS driver) for MI300X/MI325X/MI355X through amdgpu-install,
+the render/video groups for the gemmaserve user, and a reboot only when the loaded amdgpu is stale."""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import FactBase, deploy, operation
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.server import LinuxDistribution, Users
+from pyinfra.operations import apt, server
+
+from gemmaserve.plan import Plan
+from roles.nvidia import APT_GET, allow_reboot
+
+DEFAULTS = {
+    # Seed 01: vLLM's ROCm nightly wheels are built against ROCm 7.2.1.
+    "rocm_version": "7.2.1",
+    # amdgpu-install's .deb name; None derives it from rocm_version (7.2.1 -> amdgpu-install_7.2.1.70201-1_all.deb).
+    "rocm_installer_deb": None,
+    # Bare-metal Instinct hosts run AMD's amdgpu DKMS driver; False keeps the distribution kernel's amdgpu
+    # (e.g. a VM image that ships it), so only ROCm userspace is installed and no reboot is ever needed.
+    "rocm_dkms": True,
+    # None: follow gemmaserve_allow_reboot (default False).
+    "rocm_allow_reboot": None,
+}
+
+SUPPORTED = {"mi300x", "mi325x", "mi355x"}
+INSTALLER_URL = "https://repo.radeon.com/amdgpu-install/{version}/ubuntu/{codename}/{deb}"
+# ROCm publishes Ubuntu builds; Debian 12 installs the jammy ones (ROCm's Debian instructions do the same).
+CODENAMES = {("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble", ("debian", "12"): "jammy"}
+# What a ROCm container needs from the host (seed 01's `docker run`): the compute and render device
+# nodes, and membership of the groups that own them.
+CONTAINER_DEVICES = ("/dev/kfd", "/dev/dri")
+DEVICE_GROUPS = ("render", "video")
+SERVICE_USER = "gemmaserve"
+
+
+class RocmVersion(FactBase[str | None]):
+    """The installed ROCm release (/opt/rocm/.info/version), or None:
+
+    .. code:: python
+
+        "7.2.1-81"
+    """
+
+    def command(self) -> str:
+        return "cat /opt/rocm/.info/version 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str | None:
+        return output[0].strip() if output and output[0].strip() else None
+
+
+class AmdgpuModule(FactBase[str | None]):
+    """The loaded amdgpu module: AMD's DKMS build reports a version, the distribution kernel's
+    in-tree module reports none ("in-tree"); None when amdgpu is not loaded:
+
+    .. code:: python
+
+        "6.16.6"
+    """
+
+    def command(self) -> str:
+        return "test -d /sys/module/amdgpu && (cat /sys/module/amdgpu/version 2>/dev/null || echo in-tree) || true"
+
+    def process(self, output: list[str]) -> str | None:
+        return output[0].strip() if output and output[0].strip() else None
+
+
+def installer_deb(version: str) -> str:
+    """ROCm 7 names the installer with its release and a 5-digit build: 7.2.1 -> ..._7.2.1.70201-1_all.deb."""
+    major, minor, patch = (int(p) for p in (version.split(".") + ["0", "0"])[:3])
+    return f"amdgpu-install_{version}.{major}{minor:02d}{patch:02d}-1_all.deb"
+
+
+def ubuntu_codename(distribution: dict) -> str:
+    meta = distribution.get("release_meta") or {}
+    distro_id = (meta.get("ID") or distribution.get("name") or "").lower()
+    version = meta.get("VERSION_ID") or str(distribution.get("major"))
+    try:
+        return CODENAMES[(distro_id, version)]
+    except KeyError:
+        supported = ", ".join(f"{d} {v}" for d, v in CODENAMES)
+        raise ValueError(f"{distro_id} {version}: no ROCm support in gemmaserve; supported: {supported}") from None
+
+
+def _installed(package: str) -> str | None:
+    versions = host.get_fact(DebPackages).get(package) or []
+    return versions[0] if versions else None
+
+
+def _upstream(version: str) -> str:
+    return version.split(":", 1)[-1].split("-", 1)[0]
+
+
+@operation()
+def rocm_release(version: str, dkms: bool, deb: str | None = None):
+    """Install amdgpu-install for the pinned ROCm release, then ROCm (and the amdgpu DKMS driver)."""
+    codename = ubuntu_codename(host.get_fact(LinuxDistribution))
+    deb = deb or installer_deb(version)
+    installer = _installed("amdgpu-install")
+    # amdgpu-install's package version is the file name's: 7.2.1.70201-1.
+    wanted_installer = deb.removeprefix("amdgpu-install_").removesuffix("_all.deb")
+    changed = False
+    if installer != wanted_installer:
+        url = INSTALLER_URL.format(version=version, codename=codename, deb=deb)
+        yield f"curl -fsSL -o /tmp/{deb} {url} && {APT_GET} --allow-downgrades install /tmp/{deb} && rm -f /tmp/{deb}"
+        yield f"{APT_GET} update"
+        changed = True
+    current = host.get_fact(RocmVersion)
+    on_version = current is not None and (current == version or current.startswith(f"{version}-"))
+    needs_dkms = dkms and _installed("amdgpu-dkms") is None
+    if changed or not on_version or needs_dkms:
+        if dkms:
+            yield f"{APT_GET} install linux-headers-$(uname -r)"
+        yield "amdgpu-install -y --usecase=rocm" + ("" if dkms else " --no-dkms")
+        return
+    host.noop(f"ROCm {current} is installed")
+
+
+@operation()
+def device_groups(user: str = SERVICE_USER, groups: tuple[str, ...] = DEVICE_GROUPS):
+    """Add the service user to the groups owning /dev/kfd and /dev/dri/renderD*."""
+    account = host.get_fact(Users).get(user)
+    missing = [g for g in groups if account is None or g not in (account.get("groups") or [])]
+    if not missing:
+        host.noop(f"{user} is in {', '.join(groups)}")
+        return
+    # The user may be created by the base role in this same deploy, so this runs by name, not by fact.
+    yield f"usermod -aG {','.join(missing)} {user}"
+
+
+def reboot_reason(loaded: str | None, dkms_installed: str | None, dkms: bool) -> str | None:
+    """Why the running amdgpu is not the one this deploy installed, or None when it is."""
+    if not dkms:
+        return None  # the distribution kernel's amdgpu: installing ROCm userspace never needs a reboot
+    if dkms_installed is None:
+        return "the amdgpu DKMS driver is being installed"
+    if loaded is None:
+        return "amdgpu is not loaded"
+    if loaded == "in-tree":
+        return "the in-tree amdgpu is loaded, not the DKMS driver"
+    if not _upstream(dkms_installed).startswith(f"{loaded}."):
+        return f"loaded amdgpu {loaded} differs from installed {_upstream(dkms_installed)}"
+    return None
+
+
+@operation(is_idempotent=False)
+def reboot_for_amdgpu(dkms: bool, allow_reboot: bool):
+    """Reboot when the loaded amdgpu differs from the installed DKMS driver, if allowed."""
+    reason = reboot_reason(host.get_fact(AmdgpuModule), _installed("amdgpu-dkms"), dkms)
+    if reason is None:
+        host.noop("the loaded amdgpu is the installed driver")
+        return
+    if not allow_reboot:
+        logger.warning(f"{host.name}: reboot needed ({reason}); set rocm_allow_reboot or gemmaserve_allow_reboot")
+        host.noop(f"reboot needed but not allowed: {reason}")
+        return
+    yield from server.reboot._inner(delay=30, interval=5, reboot_timeout=900)
+
+
+@deploy("Install ROCm", data_defaults=DEFAULTS)
+def rocm(serving: Plan) -> None:
+    if serving.accelerator.name not in SUPPORTED:
+        raise ValueError(f"{serving.accelerator.name}: the rocm role supports {', '.join(sorted(SUPPORTED))}")
+    version, dkms = str(host.data.rocm_version), bool(host.data.rocm_dkms)
+    apt.packages(name="Install ROCm prerequisites", packages=["curl", "ca-certificates", "gnupg"], no_recommends=True)
+    rocm_release(name=f"Install ROCm {version}" + (" with the amdgpu DKMS driver" if dkms else ""),
+         version=version, dkms=dkms, deb=host.data.rocm_installer_deb)
+    device_groups(name=f"Add {SERVICE_USER} to the render and video groups")
+    if serving.engine.kind == "container":
+        # Containers get CONTAINER_DEVICES and DEVICE_GROUPS passed through by the replica unit.
+        apt.packages(name="Install Docker", packages=["docker.io"], no_recommends=True)
+    reboot_for_amdgpu(name="Reboot into the new amdgpu driver", dkms=dkms, allow_reboot=allow_reboot("rocm"))

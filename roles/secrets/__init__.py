@@ -1,0 +1,62 @@
+"""The Hugging Face token: from Secret Manager (fetched at unit start into tmpfs) or from a file on the
+host; either way it reaches vLLM only as a systemd credential (HF_TOKEN_PATH), never as text in a unit,
+an env file, the journal or a process environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.files import File
+from pyinfra.operations import files, systemd
+
+from gemmaserve.plan import TOKEN_RUNTIME_PATH, Plan
+from roles.vllm import LIB_DIR, PACKAGE_DIR
+
+TEMPLATES = Path(__file__).parent / "templates"
+FETCH_UNIT = "gemmaserve-hf-token.service"
+
+DEFAULTS = {
+    # A token file on the control machine to install at the spec's secret.file path (mode 0400).
+    "secrets_hf_token_src": None,
+}
+
+
+class MissingSecret(Exception):
+    pass
+
+
+@deploy("Provide the Hugging Face token", data_defaults=DEFAULTS)
+def secrets(serving: Plan) -> None:
+    source = serving.spec.secret
+    if source is None:
+        return
+    if source.file:
+        _file_source(source.file)
+    else:
+        _secret_manager_source(source.secret_manager)
+
+
+def _file_source(path: str) -> None:
+    local = host.data.secrets_hf_token_src
+    if local:
+        files.put(name=f"Install the Hugging Face token file {path}", src=str(local), dest=path,
+                  user="root", group="root", mode="0400")
+        return
+    existing = host.get_fact(File, path=path)
+    if not existing:
+        raise MissingSecret(f"{host.name}: secret.file = {path!r}: no such file on the host; place the token there "
+                            "(mode 0400) or set secrets_hf_token_src to a local file to upload")
+
+
+def _secret_manager_source(secret: str) -> None:
+    script = f"{LIB_DIR}/hf_token.py"
+    files.put(name="Install the Secret Manager token fetcher", src=str(PACKAGE_DIR / "hf_token.py"), dest=script,
+              mode="0644")
+    unit = files.template(
+        name=f"Install {FETCH_UNIT}", src=str(TEMPLATES / f"{FETCH_UNIT}.j2"), dest=f"/etc/systemd/system/{FETCH_UNIT}",
+        mode="0644", script=script, secret=secret, out=TOKEN_RUNTIME_PATH,
+    )
+    systemd.service(name=f"Enable {FETCH_UNIT}", service=FETCH_UNIT, enabled=True, running=None,
+                    daemon_reload=True, _if=unit.did_change)

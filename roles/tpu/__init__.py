@@ -1,0 +1,79 @@
+"""TPU VM prerequisites: Docker for the vllm-tpu image and a /dev/shm big enough for the caches.
+TPU VMs ship their driver (libtpu rides in the wheel or image), so nothing is installed for the chips."""
+
+from __future__ import annotations
+
+import re
+
+from pyinfra import host
+from pyinfra.api import FactBase, deploy, operation
+from pyinfra.facts.files import FileContents
+from pyinfra.operations import apt, systemd
+
+from gemmaserve.plan import Plan
+
+DEFAULTS = {
+    # Seed 04 keeps both the XLA compile cache (VLLM_XLA_CACHE_PATH) and the HF cache (HF_HOME) on /dev/shm:
+    # 31B bf16 weights are ~62 GB, the v6e XLA cache a few GB more. tmpfs only reserves what is written,
+    # so this is a ceiling, not an allocation.
+    "tpu_shm_size": "128G",
+}
+
+FSTAB = "/etc/fstab"
+SHM_OPTIONS = "rw,nosuid,nodev,size={size}"
+UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+class ShmSize(FactBase[int]):
+    """The size of the /dev/shm tmpfs in bytes:
+
+    .. code:: python
+
+        137438953472
+    """
+
+    def command(self) -> str:
+        return "df --block-size=1 --output=size /dev/shm | tail -n 1"
+
+    def process(self, output: list[str]) -> int:
+        return int(output[-1].strip())
+
+
+def size_bytes(size: str) -> int:
+    """tmpfs size syntax -> bytes: "128G" -> 137438953472."""
+    match = re.fullmatch(r"(\d+)([KMGT]?)", str(size).strip().upper())
+    if not match:
+        raise ValueError(f"tpu_shm_size = {size!r}: expected a number with an optional K/M/G/T suffix, e.g. 128G")
+    return int(match.group(1)) * UNITS.get(match.group(2), 1)
+
+
+def fstab_line(size: str) -> str:
+    return f"tmpfs /dev/shm tmpfs {SHM_OPTIONS.format(size=size)} 0 0"
+
+
+@operation()
+def shm_size(size: str):
+    """Size /dev/shm now (remount) and at every boot (its /etc/fstab line, which systemd's dev-shm.mount honours)."""
+    wanted_bytes, wanted_line = size_bytes(size), fstab_line(size)
+    lines = host.get_fact(FileContents, path=FSTAB) or []
+    shm_lines = [line for line in lines if re.match(r"^\s*\S+\s+/dev/shm\s", line)]
+    changed = False
+    if shm_lines != [wanted_line]:
+        # Drop any other /dev/shm entry, then append ours.
+        yield f"sed -i -E '\\#^\\s*\\S+\\s+/dev/shm\\s#d' {FSTAB} && echo '{wanted_line}' >> {FSTAB}"
+        changed = True
+    if host.get_fact(ShmSize) != wanted_bytes:
+        yield f"mount -o remount,size={size} /dev/shm"
+        changed = True
+    if not changed:
+        host.noop(f"/dev/shm is {size}")
+
+
+@deploy("Prepare the TPU VM", data_defaults=DEFAULTS)
+def tpu(serving: Plan) -> None:
+    size = str(host.data.tpu_shm_size)
+    size_bytes(size)  # a bad size fails here, before anything changes
+    shm_size(name=f"Size /dev/shm to {size}", size=size)
+    if serving.engine.kind == "container":
+        apt.packages(name="Install Docker", packages=["docker.io"], no_recommends=True)
+        systemd.service(name="Run Docker", service="docker", running=True, enabled=True)

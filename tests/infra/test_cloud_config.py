@@ -1,0 +1,92 @@
+"""`gemmaserve:cloud` validation: every bad value names the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from config import parse_cloud, settings_from_config
+from gemmaserve.spec import SpecError
+from gemmaserve.stack import read_stack_config
+from tests.infra.conftest import PROJECT, ROOT, STACKS
+
+OK = {"zones": ["us-east5-b"]}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_file_validates(stack):
+    raw = read_stack_config(stack, ROOT)
+    settings = settings_from_config(raw, {"project": PROJECT, "region": None}, stack)
+    assert settings.cloud.zones
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"zones": []}, "cloud.zones = []"),
+    ({"zones": ["us-east5"]}, "'us-east5' not a zone; allowed: zone names such as us-east5-b"),
+    ({"provisioning": "preemptible"}, "cloud.provisioning = 'preemptible': Input should be 'standard'"),
+    ({"provisioning": "flex-start"}, "cloud.max_run_duration = None: flex-start needs one"),
+    ({"provisioning": "flex-start", "max_run_duration": "8d"}, "cloud.max_run_duration = '8d': flex-start allows at most 7d"),
+    ({"provisioning": "flex-start", "max_run_duration": "1d", "termination_action": "STOP"},
+     "cloud.termination_action = 'STOP': flex-start capacity is returned; allowed: DELETE"),
+    ({"max_run_duration": "a week"}, "cloud.max_run_duration = 'a week': not a duration"),
+    ({"provisioning": "reserved"}, "cloud.reservation = None: provisioning 'reserved' needs a reservation name"),
+    ({"reservation": "pool"}, "cloud.reservation = 'pool': only with provisioning: reserved"),
+    ({"provisioning": "guaranteed", "max_run_duration": "1d"}, "guaranteed capacity has no run limit"),
+    ({"serving_port_cidrs": ["0.0.0.0/0"]}, "0.0.0.0/0 opens the serving port to the internet"),
+    ({"serving_port_cidrs": ["10.0.0.0/33"]}, "'10.0.0.0/33' is not a CIDR"),
+    ({"valid_after": "2026-02-01T08:00:00"}, "needs a time zone"),
+    ({"labels": {"Team": "x"}}, "Team='x': allowed: lowercase keys/values"),
+    ({"network": {"cidr": "8.8.0.0/16"}}, "allowed: a private (RFC 1918) range"),
+    ({"secret_replication": ["mars"]}, "allowed: 'automatic' or a non-empty list of regions"),
+    ({"max_run_duraton": "1d"}, "cloud.max_run_duraton: unknown field"),
+    ({"hosts": 0}, "cloud.hosts = 0"),
+])
+def test_bad_values_are_named(changes, expected):
+    with pytest.raises(SpecError) as caught:
+        parse_cloud({**OK, **changes})
+    assert expected in str(caught.value)
+
+
+def test_public_serving_needs_explicit_opt_in():
+    assert parse_cloud({**OK, "serving_port_cidrs": ["0.0.0.0/0"], "allow_public_serving": True})
+
+
+def test_safe_defaults():
+    cloud = parse_cloud(OK)
+    assert cloud.allow_external_ip is False and cloud.protect is True and cloud.serving_port_cidrs == ()
+    assert cloud.provisioning == "standard" and cloud.secret_replication == "automatic"
+
+
+def test_cloud_must_be_a_mapping():
+    with pytest.raises(SpecError, match="must be a mapping with at least `zones`"):
+        parse_cloud(None)
+
+
+def spec_raw(kind: str, count: int, model: str = "e2b", **cloud) -> dict:
+    return {"model": model, "accelerator": {"kind": kind, "count": count}, "cloud": {**OK, **cloud}}
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (spec_raw("a100-80gb", 1, provisioning="guaranteed"),
+     "cloud.provisioning = 'guaranteed': a TPU queued-resource tier; allowed for GPU VMs"),
+    (spec_raw("a100-80gb", 1, valid_until="1h"), "TPU queueing policy only"),
+    (spec_raw("tpu-v6e", 4, hosts=2), "cloud.hosts = 2: a TPU stack is one queued slice"),
+    (spec_raw("mi300x", 8), "'mi300x': not sold on Google Cloud"),
+    (spec_raw("tpu-v7", 8, zones=["us-central1-a"]) | {"cloud": {"zones": ["bad"]}}, "not a zone"),
+])
+def test_cross_checks_with_the_spec(raw, expected):
+    with pytest.raises(SpecError) as caught:
+        settings_from_config(raw, {"project": PROJECT, "region": "us-east5"}, "x")
+    assert expected in str(caught.value)
+
+
+def test_gpu_zones_must_match_the_region():
+    raw = spec_raw("l4", 1, zones=["europe-west4-a"])
+    with pytest.raises(SpecError, match="GPU hosts must be in gcp:region us-east5"):
+        settings_from_config(raw, {"project": PROJECT, "region": "us-east5"}, "x")
+
+
+def test_tpu_zones_may_span_regions():
+    raw = spec_raw("tpu-v6e", 4, zones=["us-east5-b", "europe-west4-a"])
+    settings = settings_from_config(raw, {"project": PROJECT, "region": "us-east5"}, "x")
+    assert settings.cloud.regions == ("us-east5", "europe-west4")
+    assert settings.tpu_type.accelerator_type == "v6e-4"

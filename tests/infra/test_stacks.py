@@ -1,0 +1,311 @@
+"""Every stack under Pulumi's mocks (preview=False): the resources declared, their key properties, the outputs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from gemmaserve.plan import plan
+from gemmaserve.spec import SpecError
+from gemmaserve.stack import load_stack_spec
+from tests.infra.conftest import HF_TOKEN, PROJECT, ROOT, STACKS, ProgramRun, run_program, stack_config
+
+INSTANCE = "gcp:compute/instance:Instance"
+FIREWALL = "gcp:compute/firewall:Firewall"
+QUEUED = "pulumi-python:dynamic:Resource"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+
+# The shared base every stack declares: network, identity, secret, image.
+BASE = {
+    "gcp:compute/network:Network": 1,
+    "gcp:compute/firewall:Firewall": 2,  # SSH from IAP, serving port from serving_port_cidrs
+    "gcp:serviceaccount/account:Account": 1,
+    "gcp:projects/iAMMember:IAMMember": 2,
+    "gcp:secretmanager/secret:Secret": 1,
+    "gcp:secretmanager/secretVersion:SecretVersion": 1,
+    "gcp:secretmanager/secretIamMember:SecretIamMember": 1,
+    "gcp:artifactregistry/repository:Repository": 1,
+    "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": 1,
+}
+# Written out, not derived from the catalog: a wrong catalog entry or lookup must fail here.
+EXPECTED = {
+    "tpu-v6e4": {"regions": 2, QUEUED: 1},
+    "tpu-v6e1": {"regions": 1, QUEUED: 1},
+    "gpu8": {"regions": 1, INSTANCE: 1, "gcp:compute/disk:Disk": 1},
+    "a100": {"regions": 1, INSTANCE: 1, "gcp:compute/disk:Disk": 1},
+    "h100": {"regions": 1, INSTANCE: 1, "gcp:compute/disk:Disk": 1},
+}
+MACHINE_TYPES = {"gpu8": "g4-standard-384", "a100": "a2-ultragpu-1g", "h100": "a3-highgpu-8g"}
+TPU_TYPES = {"tpu-v6e4": ("v6e-4", "v2-alpha-tpuv6e"), "tpu-v6e1": ("v6e-1", "v2-alpha-tpuv6e")}
+GPU_STACKS = tuple(MACHINE_TYPES)
+TPU_STACKS = tuple(TPU_TYPES)
+HOST_KEYS = {"name", "internal_ip", "external_ip", "zone", "ssh_user", "kind", "instance_type", "accelerator",
+             "router_port", "replicas"}
+
+
+def expected_counts(stack: str) -> Counter:
+    extra = dict(EXPECTED[stack])
+    regions = extra.pop("regions")
+    per_region = {"gcp:compute/subnetwork:Subnetwork": regions, "gcp:compute/router:Router": regions,
+                  "gcp:compute/routerNat:RouterNat": regions}
+    return Counter({**BASE, **per_region, **extra})
+
+
+def with_cloud(stack: str, **changes) -> dict:
+    config = stack_config(stack)
+    config["gemmaserve:cloud"] = {**config["gemmaserve:cloud"], **changes}
+    return config
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_resource_set(stack_runs, stack):
+    assert Counter(stack_runs[stack].types) == expected_counts(stack)
+
+
+@pytest.mark.parametrize("stack", GPU_STACKS)
+def test_machine_type(stack_runs, stack):
+    assert stack_runs[stack].one(INSTANCE).inputs["machineType"] == MACHINE_TYPES[stack]
+
+
+@pytest.mark.parametrize("stack", GPU_STACKS)
+def test_no_guest_accelerators_on_machine_types_that_bundle_gpus(stack_runs, stack):
+    # a2/a3/g4 carry their GPUs; declaring guest_accelerators on them is refused by the API.
+    assert not stack_runs[stack].one(INSTANCE).inputs.get("guestAccelerators")
+
+
+@pytest.mark.parametrize("stack", TPU_STACKS)
+def test_tpu_accelerator_and_runtime(stack_runs, stack):
+    props = stack_runs[stack].one(QUEUED).inputs
+    assert (props["accelerator_type"], props["runtime_version"]) == TPU_TYPES[stack]
+
+
+@pytest.mark.parametrize("stack", GPU_STACKS)
+def test_gpu_hosts_have_no_external_ip(stack_runs, stack):
+    nics = stack_runs[stack].one(INSTANCE).inputs["networkInterfaces"]
+    assert len(nics) == 1 and not nics[0].get("accessConfigs")
+
+
+@pytest.mark.parametrize("stack", TPU_STACKS)
+def test_tpu_hosts_have_no_external_ip(stack_runs, stack):
+    assert stack_runs[stack].one(QUEUED).inputs["enable_external_ips"] is False
+
+
+def test_allow_external_ip_is_visible_to_these_tests():
+    # The check above must be able to fail: opting in declares an access config.
+    run = run_program("a100", with_cloud("a100", allow_external_ip=True))
+    assert run.one(INSTANCE).inputs["networkInterfaces"][0]["accessConfigs"] == [{}]
+    assert run.outputs["hosts"][0]["external_ip"] == "34.1.2.3"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_firewall_opens_to_the_world(stack_runs, stack):
+    for rule in stack_runs[stack].of_type(FIREWALL):
+        assert "0.0.0.0/0" not in rule.inputs.get("sourceRanges", []), rule.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_ssh_only_from_iap_and_serving_only_from_configured_ranges(stack_runs, stack):
+    rules = {tuple(a["ports"] for a in r.inputs["allows"])[0][0]: r.inputs for r in stack_runs[stack].of_type(FIREWALL)}
+    assert rules["22"]["sourceRanges"] == ["35.235.240.0/20"]
+    assert rules["8080"]["sourceRanges"] == ["10.0.0.0/8"]
+    assert all(r["targetTags"] == ["gemmaserve-host"] for r in rules.values())
+
+
+def test_subnets_have_private_google_access_and_nat(stack_runs):
+    run = stack_runs["tpu-v6e4"]
+    subnets = run.of_type("gcp:compute/subnetwork:Subnetwork")
+    assert {s.inputs["region"] for s in subnets} == {"us-east5", "us-east1"}
+    assert all(s.inputs["privateIpGoogleAccess"] is True for s in subnets)
+    for nat in run.of_type("gcp:compute/routerNat:RouterNat"):
+        assert nat.inputs["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
+
+
+@pytest.mark.parametrize("stack, model, restart, preemptible, action, reservation", [
+    ("gpu8", "STANDARD", True, False, None, "ANY_RESERVATION"),
+    ("a100", "SPOT", False, True, "STOP", "NO_RESERVATION"),
+    ("h100", "FLEX_START", False, False, "DELETE", "NO_RESERVATION"),
+])
+def test_gpu_scheduling(stack_runs, stack, model, restart, preemptible, action, reservation):
+    inputs = stack_runs[stack].one(INSTANCE).inputs
+    scheduling = inputs["scheduling"]
+    assert scheduling["onHostMaintenance"] == "TERMINATE"
+    assert scheduling["provisioningModel"] == model
+    assert scheduling["automaticRestart"] is restart
+    assert scheduling["preemptible"] is preemptible
+    assert scheduling.get("instanceTerminationAction") == action
+    assert inputs["reservationAffinity"]["type"] == reservation
+
+
+def test_flex_start_gpu_has_seven_day_limit(stack_runs):
+    assert stack_runs["h100"].one(INSTANCE).inputs["scheduling"]["maxRunDuration"] == {"seconds": 7 * 24 * 3600}
+
+
+def test_reserved_gpu_targets_the_named_reservation():
+    run = run_program("gpu8", with_cloud("gpu8", provisioning="reserved", reservation="g4-pool"))
+    affinity = run.one(INSTANCE).inputs["reservationAffinity"]
+    assert affinity == {"type": "SPECIFIC_RESERVATION", "specificReservation": {
+        "key": "compute.googleapis.com/reservation-name", "values": ["g4-pool"]}}
+
+
+@pytest.mark.parametrize("stack, provisioning, valid_until", [
+    ("tpu-v6e4", "guaranteed", 6 * 3600), ("tpu-v6e1", "spot", 2 * 3600)])
+def test_tpu_provisioning_and_queue(stack_runs, stack, provisioning, valid_until):
+    props = stack_runs[stack].one(QUEUED).inputs
+    assert props["provisioning"] == provisioning
+    assert props["valid_until_seconds"] == valid_until
+
+
+def test_tpu_zones_in_order(stack_runs):
+    assert stack_runs["tpu-v6e4"].one(QUEUED).inputs["zones"] == ["us-east5-b", "us-east5-a", "us-east1-d"]
+
+
+@pytest.mark.parametrize("stack", TPU_STACKS)
+def test_queued_resource_is_protected_by_default(stack_runs, stack):
+    assert stack_runs[stack].one(QUEUED).protect is True
+
+
+def test_protection_can_be_turned_off_explicitly():
+    assert run_program("tpu-v6e1", with_cloud("tpu-v6e1", protect=False)).one(QUEUED).protect is False
+
+
+LABELED = (INSTANCE, "gcp:compute/disk:Disk", "gcp:secretmanager/secret:Secret",
+           "gcp:artifactregistry/repository:Repository")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_labels(stack_runs, stack):
+    run = stack_runs[stack]
+    spec = load_stack_spec(stack, ROOT)
+    want = {"app": "gemmaserve", "managed-by": "pulumi", "stack": stack, "model": spec.model_info.aliases[0],
+            "accelerator": spec.accelerator_info.name, "team": "serving"}
+    labeled = [r for r in run.resources if r.type in LABELED] + run.of_type(QUEUED)
+    assert labeled
+    for resource in labeled:
+        labels = resource.inputs.get("labels") or {}
+        assert want.items() <= labels.items(), resource.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_service_account_scopes_and_roles(stack_runs, stack):
+    run = stack_runs[stack]
+    email = run.one("gcp:serviceaccount/account:Account").inputs["accountId"] + f"@{PROJECT}.iam.gserviceaccount.com"
+    member = f"serviceAccount:{email}"
+    project_roles = {(m.inputs["role"], m.inputs["member"]) for m in run.of_type("gcp:projects/iAMMember:IAMMember")}
+    assert project_roles == {("roles/logging.logWriter", member), ("roles/monitoring.metricWriter", member)}
+    accessor = run.one("gcp:secretmanager/secretIamMember:SecretIamMember").inputs
+    assert (accessor["role"], accessor["member"]) == ("roles/secretmanager.secretAccessor", member)
+    reader = run.one("gcp:artifactregistry/repositoryIamMember:RepositoryIamMember").inputs
+    assert (reader["role"], reader["member"]) == ("roles/artifactregistry.reader", member)
+    if stack in GPU_STACKS:
+        account = run.one(INSTANCE).inputs["serviceAccount"]
+        assert account == {"email": email, "scopes": [CLOUD_PLATFORM]}
+    else:
+        props = run.one(QUEUED).inputs
+        assert (props["service_account"], props["scopes"]) == (email, [CLOUD_PLATFORM])
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_hf_token_never_in_outputs(stack_runs, stack):
+    run = stack_runs[stack]
+    assert HF_TOKEN not in json.dumps(run.outputs, default=str)
+    version = run.one("gcp:secretmanager/secretVersion:SecretVersion")
+    assert version.secret_inputs == {"secretData"}
+
+
+def test_no_token_no_version():
+    run = run_program("a100", hf_token=None)
+    assert not run.of_type("gcp:secretmanager/secretVersion:SecretVersion")
+    assert run.of_type("gcp:secretmanager/secretIamMember:SecretIamMember")
+
+
+def test_secret_replication_user_managed():
+    run = run_program("a100", with_cloud("a100", secret_replication=["us-central1", "us-east1"]))
+    replication = run.one("gcp:secretmanager/secret:Secret").inputs["replication"]
+    assert replication == {"userManaged": {"replicas": [{"location": "us-central1"}, {"location": "us-east1"}]}}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_hosts_output(stack_runs, stack):
+    run, serving_plan = stack_runs[stack], plan(load_stack_spec(stack, ROOT))
+    hosts = run.outputs["hosts"]
+    assert len(hosts) == 1
+    host = hosts[0]
+    assert set(host) == HOST_KEYS
+    assert host["external_ip"] is None
+    assert host["internal_ip"].startswith("10.42.")
+    assert host["ssh_user"] == "gemmaserve"
+    assert host["zone"] == stack_config(stack)["gemmaserve:cloud"]["zones"][0]
+    assert host["kind"] == ("tpu-vm" if stack in TPU_STACKS else "gce-vm")
+    assert host["instance_type"] == (TPU_TYPES.get(stack, (None,))[0] or MACHINE_TYPES[stack])
+    assert [r["port"] for r in host["replicas"]] == [r.port for r in serving_plan.replicas]
+    assert [r["devices"] for r in host["replicas"]] == [r.devices for r in serving_plan.replicas]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_endpoint_and_plan_outputs(stack_runs, stack):
+    run = stack_runs[stack]
+    assert run.outputs["endpoint"] == f"http://{run.outputs['hosts'][0]['internal_ip']}:8080/v1"
+    assert run.outputs["plan"] == json.loads(json.dumps(plan(load_stack_spec(stack, ROOT)).to_json()))
+
+
+def test_bad_cloud_config_fails_before_any_resource():
+    run = ProgramRun()
+    with pytest.raises(SpecError) as caught:
+        run_program("gpu8", with_cloud("gpu8", serving_port_cidrs=["0.0.0.0/0"]), run=run)
+    assert "cloud.serving_port_cidrs" in str(caught.value) and "allow_public_serving" in str(caught.value)
+    assert run.resources == []
+
+
+def test_bad_spec_and_cloud_are_reported_together_before_any_resource():
+    config = with_cloud("h100", max_run_duration="8d")
+    config["gemmaserve:workload"] = {**config["gemmaserve:workload"], "gpu_memory_utilization": 1.5}
+    run = ProgramRun()
+    with pytest.raises(SpecError) as caught:
+        run_program("h100", config, run=run)
+    message = str(caught.value)
+    assert "workload.gpu_memory_utilization = 1.5" in message
+    assert "cloud.max_run_duration = '8d': flex-start allows at most 7d" in message
+    assert run.resources == []
+
+
+def test_missing_project_is_named():
+    config = stack_config("a100")
+    del config["gcp:project"]
+    with pytest.raises(SpecError, match="gcp:project = None: required"):
+        run_program("a100", config)
+
+
+def test_multi_host_gets_a_least_request_load_balancer():
+    run = run_program("gpu8", with_cloud("gpu8", hosts=2))
+    assert len(run.of_type(INSTANCE)) == 2
+    backend = run.one("gcp:compute/regionBackendService:RegionBackendService").inputs
+    assert backend["localityLbPolicy"] == "LEAST_REQUEST"
+    assert backend["loadBalancingScheme"] == "INTERNAL_MANAGED"
+    check = run.one("gcp:compute/regionHealthCheck:RegionHealthCheck").inputs["httpHealthCheck"]
+    assert (check["requestPath"], check["port"]) == ("/health", 8080)
+    group = run.one("gcp:compute/instanceGroup:InstanceGroup").inputs
+    assert len(group["instances"]) == 2 and group["namedPorts"] == [{"name": "http", "port": 8080}]
+    proxy_subnets = [s for s in run.of_type("gcp:compute/subnetwork:Subnetwork")
+                     if s.inputs.get("purpose") == "REGIONAL_MANAGED_PROXY"]
+    assert len(proxy_subnets) == 1
+    lb_rule = next(r for r in run.of_type(FIREWALL) if "35.191.0.0/16" in r.inputs["sourceRanges"])
+    assert "130.211.0.0/22" in lb_rule.inputs["sourceRanges"]
+    assert run.outputs["endpoint"] == "http://10.42.0.200:8080/v1"
+    assert len(run.outputs["hosts"]) == 2
+
+
+def test_single_host_has_no_load_balancer(stack_runs):
+    assert not stack_runs["gpu8"].of_type("gcp:compute/regionBackendService:RegionBackendService")
+
+
+def test_serving_image_build_is_pinned():
+    run = run_program("gpu8", with_cloud("gpu8", image={"build": True}))
+    image = run.one("docker:index/image:Image").inputs
+    spec = load_stack_spec("gpu8", ROOT)
+    assert image["build"]["args"] == {"BASE_IMAGE": spec.image, "VLLM_VERSION": spec.vllm_version,
+                                      "TRANSFORMERS_VERSION": spec.engine.transformers_version}
+    assert image["imageName"].startswith(f"us-central1-docker.pkg.dev/{PROJECT}/gemmaserve/vllm-gemma4:vllm-")
+    assert "@sha256:" in run.outputs["serving_image"]
+    assert "ya29.fake" not in json.dumps(run.outputs)
