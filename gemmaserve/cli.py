@@ -72,6 +72,7 @@ def plan_command(
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="auto or fp8."),
     objective: Optional[str] = typer.Option(None, "--objective", help="throughput, latency or balanced."),
     speculative: Optional[str] = typer.Option(None, "--speculative", help="none, mtp or ngram, optionally :TOKENS."),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Pinned vLLM release (capacity is reported as it logs)."),
     available_kv_gib: Optional[float] = typer.Option(
         None, "--available-kv-gib", help="Skip the memory estimate (check token accounting against a vLLM log)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -82,6 +83,8 @@ def plan_command(
     from gemmaserve.stack import SPEC_KEYS, read_stack_config
 
     flags = _overrides(model, accelerator, count, max_model_len, gpu_memory_utilization, kv_cache_dtype, objective, speculative)
+    if vllm_version:
+        flags["engine"] = {"vllm_version": vllm_version}
     try:
         if stack:
             base = {k: v for k, v in read_stack_config(stack, project_dir).items() if k in SPEC_KEYS}
@@ -143,6 +146,23 @@ def demo(down: bool = typer.Option(False, "--down", help="Remove everything the 
         run_demo_down() if down else run_demo()
     except DemoError as error:
         _fail(f"demo failed: {error}", 1)
+
+
+@app.command("status")
+def status_command(
+    inventory: str = typer.Option("hosts/sandbox.py", "--inventory", help="A pyinfra inventory file."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Per host and replica: unit state, health, model, running/waiting requests, KV-cache and prefix-cache use."""
+    from gemmaserve.spec import SpecError
+    from gemmaserve.status import as_json as status_json
+    from gemmaserve.status import collect, print_table
+
+    try:
+        statuses = collect(inventory)
+    except (SpecError, FileNotFoundError) as error:
+        _fail(f"error: {error}", EXIT_BAD_INPUT)
+    typer.echo(status_json(statuses)) if as_json else print_table(statuses)
 
 
 @app.command("tiny-model")

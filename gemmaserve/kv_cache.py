@@ -11,13 +11,17 @@ vLLM. vLLM's v1 hybrid KV-cache manager (v0.19 vllm/v1/core/kv_cache_utils.py):
    group_size is the smallest per-kind layer count, or the largest if that is < 1.5x the smallest;
 4. allocates `group_size` tensors shared by all groups: num_blocks = memory // page_size // group_size
    (get_num_blocks);
-5. logs "KV cache size: num_blocks // num_groups * min_block_size tokens" (_report_kv_cache_config);
-6. logs "Maximum concurrency" as num_blocks / the blocks one max_model_len request needs across all
+5. logs "Maximum concurrency" as num_blocks / the blocks one max_model_len request needs across all
    groups, where a sliding group needs only cdiv(min(window - 1 + max_num_batched_tokens,
-   max_model_len), block_size) + 1 blocks (SlidingWindowSpec.max_memory_usage_bytes).
+   max_model_len), block_size) + 1 blocks (SlidingWindowSpec.max_memory_usage_bytes);
+6. logs "KV cache size: N tokens". vLLM 0.19 counts num_blocks // num_groups * min_block_size
+   (_report_kv_cache_config); by 0.32 it is int(max_concurrency * max_model_len)
+   (get_kv_cache_capacity). Releases in between were not checked and are counted the 0.19 way.
 
 Calibration (seed 05, vLLM 0.19, A100 80GB, 26B-A4B, max_model_len 131072): 21.5 GiB gives
-"93,936 tokens" and "6.96x"; tests/unit/test_kv_cache.py checks both.
+"93,936 tokens" and "6.96x"; tests/unit/test_kv_cache.py checks both. On vLLM 0.32 the sandbox's
+real server reports exactly the blocks, tokens and concurrency computed here
+(tests/roles/test_deploy.py compares them with its vllm:cache_config_info metric).
 """
 
 from __future__ import annotations
@@ -128,19 +132,23 @@ def kv_layout(model: ModelInfo, tensor_parallel_size: int, kv_dtype: str, block_
     return KvLayout(groups=tuple(groups), group_size=group_size, page_size_bytes=max_page)
 
 
+# The first release seen to report tokens as max_concurrency x max_model_len (see the docstring).
+TOKENS_FROM_CONCURRENCY_SINCE = (0, 32, 0)
+
+
 def kv_capacity(
-    layout: KvLayout, available_bytes: int, max_model_len: int, max_num_batched_tokens: int
+    layout: KvLayout, available_bytes: int, max_model_len: int, max_num_batched_tokens: int,
+    vllm_version: tuple[int, int, int] = (0, 19, 0),
 ) -> KvCapacity:
-    """Tokens and concurrency exactly as vLLM logs them for `available_bytes` of KV memory per rank."""
+    """Tokens and concurrency exactly as vLLM `vllm_version` logs them for `available_bytes` per rank."""
     num_blocks = max(0, available_bytes // layout.page_size_bytes // layout.group_size)
-    tokens = num_blocks // len(layout.groups) * layout.min_block_size
     per_request = layout.blocks_per_request(max_model_len, max_num_batched_tokens)
-    return KvCapacity(
-        available_bytes=available_bytes,
-        num_blocks=num_blocks,
-        tokens=tokens,
-        max_concurrency=num_blocks / per_request,
-    )
+    concurrency = num_blocks / per_request
+    if vllm_version >= TOKENS_FROM_CONCURRENCY_SINCE:
+        tokens = int(concurrency * max_model_len)
+    else:
+        tokens = num_blocks // len(layout.groups) * layout.min_block_size
+    return KvCapacity(available_bytes=available_bytes, num_blocks=num_blocks, tokens=tokens, max_concurrency=concurrency)
 
 
 def runtime_overhead_gib(model: ModelInfo, max_num_batched_tokens: int, max_num_seqs: int) -> float:

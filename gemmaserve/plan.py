@@ -18,10 +18,12 @@ from gemmaserve.kv_cache import (
     min_bytes_for_one_request,
     runtime_overhead_gib,
 )
-from gemmaserve.spec import Spec
+from gemmaserve.spec import Spec, version_tuple
 
 # Where the vllm role installs vLLM's Gemma 4 tool chat template (examples/tool_chat_template_gemma4.jinja).
 CHAT_TEMPLATE_PATH = "/etc/gemmaserve/tool_chat_template_gemma4.jinja"
+# vLLM publishes that template in its repository, not in its wheels: fetched at the pinned release tag.
+CHAT_TEMPLATE_URL = "https://raw.githubusercontent.com/vllm-project/vllm/v{version}/examples/tool_chat_template_gemma4.jinja"
 STATE_DIR = "/var/lib/gemmaserve"
 HF_HOME = f"{STATE_DIR}/hf"
 # Compile caches live in RAM (/dev/shm) so restarts skip compilation (seed 04: 24 min -> < 10 s);
@@ -67,11 +69,16 @@ class EnginePlan:
     def vllm_executable(self) -> str:
         return f"{self.venv}/bin/vllm"
 
+    @property
+    def chat_template_url(self) -> str:
+        return CHAT_TEMPLATE_URL.format(version=self.version)
+
 
 @dataclass(frozen=True)
 class Capacity:
     weights_gib_per_device: float
     available_kv_cache_gib: float
+    num_blocks: int
     kv_cache_tokens: int
     max_concurrency: float
     # True when available_kv_cache_gib came from the hardware model, False when given explicitly.
@@ -197,7 +204,7 @@ def _size(spec: Spec, tp: int, kv_dtype: str, max_model_len: int, available_kv_g
     else:
         seqs = _max_num_seqs(spec) or acc.default_max_num_seqs
         available = acc.memory_gib * wl.gpu_memory_utilization - weights - runtime_overhead_gib(model, mnbt, seqs)
-    capacity = kv_capacity(layout, max(0, int(available * GiB)), max_model_len, mnbt)
+    capacity = kv_capacity(layout, max(0, int(available * GiB)), max_model_len, mnbt, version_tuple(spec.vllm_version))
     need = min_bytes_for_one_request(layout, max_model_len, mnbt) / GiB
     if available <= 0:
         return _Sizing(tp, weights, capacity, False,
@@ -428,6 +435,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     capacity = Capacity(
         weights_gib_per_device=round(chosen.weights_gib, 2),
         available_kv_cache_gib=chosen.capacity.available_gib,
+        num_blocks=chosen.capacity.num_blocks,
         kv_cache_tokens=chosen.capacity.tokens,
         max_concurrency=chosen.capacity.max_concurrency,
         estimated=available_kv_gib is None,

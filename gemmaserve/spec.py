@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gemmaserve.catalog import CATALOG, Accelerator, ModelInfo
+
+M = TypeVar("M", bound=BaseModel)
 
 # vLLM releases that matter for Gemma 4 (seed 02): full architecture support arrived in v0.19.0,
 # the MTP assistant path in v0.21.0; transformers must be >= 5.5.0.
@@ -312,11 +314,11 @@ class Spec(_Strict):
         return self
 
 
-def _describe(error: dict) -> str:
-    path = ".".join(str(p) for p in error["loc"]) or "(top level)"
+def _describe(error: dict, root: type[BaseModel], prefix: tuple[str, ...] = ()) -> str:
+    path = ".".join(str(p) for p in (*prefix, *error["loc"])) or "(top level)"
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        parent = _model_at(error["loc"][:-1])
+        parent = _model_at(root, error["loc"][:-1])
         allowed = ", ".join(parent.model_fields) if parent else "see the docs"
         return f"{path}: unknown field; allowed fields: {allowed}"
     if error["type"] == "missing":
@@ -324,8 +326,8 @@ def _describe(error: dict) -> str:
     return f"{path} = {error['input']!r}: {message}"
 
 
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    model: type[BaseModel] = Spec
+def _model_at(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    model = root
     for part in loc:
         field = model.model_fields.get(str(part))
         if field is None:
@@ -339,13 +341,22 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
     return model
 
 
-def parse_spec(data: dict[str, Any], source: str = "spec") -> Spec:
-    """Validate `data` into a Spec, or raise SpecError naming every bad field, value and what is allowed."""
+def validate_model(model: type[M], data: Any, source: str, prefix: tuple[str, ...] = (), expected: str = "") -> M:
+    """Validate `data` into `model`, or raise SpecError naming every bad field, value and what is allowed.
+
+    `prefix` names where the mapping sits (e.g. ("cloud",)); `expected` says what a non-mapping should be.
+    """
     if not isinstance(data, dict):
-        raise SpecError([f"(top level) = {data!r}: must be a mapping of spec fields"], source)
+        where = ".".join(prefix) or "(top level)"
+        raise SpecError([f"{where} = {data!r}: must be a mapping{' ' + expected if expected else ''}"], source)
     try:
-        return Spec.model_validate(data)
+        return model.model_validate(data)
     except SpecError as error:
         raise SpecError(error.problems, source) from None
     except ValidationError as error:
-        raise SpecError([_describe(e) for e in error.errors()], source) from None
+        raise SpecError([_describe(e, model, prefix) for e in error.errors()], source) from None
+
+
+def parse_spec(data: dict[str, Any], source: str = "spec") -> Spec:
+    """Validate `data` into a Spec, or raise SpecError naming every bad field, value and what is allowed."""
+    return validate_model(Spec, data, source, expected="of spec fields")

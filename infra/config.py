@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gemmaserve.catalog import GcpMachineType, TpuType
 from gemmaserve.plan import Plan, plan
-from gemmaserve.spec import Spec, SpecError
+from gemmaserve.spec import Spec, SpecError, validate_model
 from gemmaserve.stack import NAMESPACE, SPEC_KEYS, spec_from_config
 
 # Google's documented ranges: IAP TCP forwarding (SSH without public IPs) and the load balancer
@@ -204,26 +204,9 @@ class Cloud(_Strict):
         return int(parse_duration(self.valid_until).total_seconds()) if self.valid_until else None
 
 
-def _describe(error: dict) -> str:
-    path = ".".join(str(p) for p in ("cloud", *error["loc"]))
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden":
-        return f"{path}: unknown field; allowed fields: see infra/config.py Cloud ({', '.join(Cloud.model_fields)})"
-    if error["type"] == "missing":
-        return f"{path}: required field is missing"
-    return f"{path} = {error['input']!r}: {message}"
-
-
 def parse_cloud(data: Any, source: str = "gemmaserve:cloud") -> Cloud:
     """Validate the `gemmaserve:cloud` mapping, or raise SpecError naming every field, value and what is allowed."""
-    if not isinstance(data, dict):
-        raise SpecError([f"cloud = {data!r}: must be a mapping with at least `zones`"], source)
-    try:
-        return Cloud.model_validate(data)
-    except SpecError as error:
-        raise SpecError(error.problems, source) from None
-    except ValidationError as error:
-        raise SpecError([_describe(e) for e in error.errors()], source) from None
+    return validate_model(Cloud, data, source, prefix=("cloud",), expected="with at least `zones`")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
+from gemmaserve.plan import CHAT_TEMPLATE_PATH, CHAT_TEMPLATE_URL
+
 READER_ROLE = "roles/artifactregistry.reader"
 # vLLM base image + pinned transformers + the Gemma 4 tool chat template, so hosts never build at start.
 DOCKERFILE_DIR = Path(__file__).parent / "serving_image"
@@ -55,7 +57,9 @@ class ServingImage(pulumi.ComponentResource):
                     context=str(DOCKERFILE_DIR), dockerfile=str(DOCKERFILE_DIR / "Dockerfile"),
                     platform="linux/amd64",
                     args={"BASE_IMAGE": args.base_image, "VLLM_VERSION": args.vllm_version,
-                          "TRANSFORMERS_VERSION": args.transformers_version}),
+                          "TRANSFORMERS_VERSION": args.transformers_version,
+                          "CHAT_TEMPLATE_URL": CHAT_TEMPLATE_URL.format(version=args.vllm_version),
+                          "CHAT_TEMPLATE_PATH": CHAT_TEMPLATE_PATH}),
                 registry=docker.RegistryArgs(server=registry, username="oauth2accesstoken",
                                              password=pulumi.Output.secret(token)),
                 opts=child)

@@ -10,6 +10,8 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, server, systemd
 
+from roles import jinja_options
+
 from gemmaserve.plan import SHM_CACHE_ROOT, STATE_DIR, Plan
 from roles.vllm import LIB_DIR, PACKAGE_DIR
 
@@ -49,7 +51,7 @@ def caches(serving: Plan) -> None:
     context = {"script": script, "args": cache_args(serving), "disk": DISK_ROOT, "shm": SHM_CACHE_ROOT,
                "save_timeout": host.data.cache_save_timeout, "interval": host.data.cache_save_interval}
     rendered = [
-        files.template(name=f"Install {unit}", src=str(TEMPLATES / f"{unit}.j2"), dest=f"/etc/systemd/system/{unit}",
+        files.template(jinja_env_kwargs=jinja_options(), name=f"Install {unit}", src=str(TEMPLATES / f"{unit}.j2"), dest=f"/etc/systemd/system/{unit}",
                        mode="0644", **context)
         for unit in (RESTORE_UNIT, "gemmaserve-cache-save.service", "gemmaserve-cache-save.timer")
     ]

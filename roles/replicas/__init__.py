@@ -14,6 +14,8 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.facts.server import Command
 from pyinfra.operations import files, server, systemd
 
+from roles import jinja_options
+
 from gemmaserve.plan import STATE_DIR, Plan, ReplicaPlan
 from roles.vllm import ARGCHECK, LIB_DIR
 
@@ -62,6 +64,31 @@ def render_env(serving: Plan, replica: ReplicaPlan) -> str:
     )
 
 
+def argcheck_command(serving: Plan) -> str:
+    """vLLM's own parser, from the same engine that will serve: the venv, or the pinned image."""
+    if serving.engine.kind == "wheel":
+        return f"{serving.engine.venv}/bin/python {ARGCHECK}"
+    return (f"/usr/bin/docker run --rm --network=none -v {LIB_DIR}:{LIB_DIR}:ro -v /etc/gemmaserve:/etc/gemmaserve:ro "
+            f"--entrypoint python3 {serving.engine.image} {ARGCHECK}")
+
+
+def docker_run_flags(serving: Plan) -> str:
+    """`docker run` flags around the pinned image: host network, devices, shared memory, mounts."""
+    vendor = serving.accelerator.vendor
+    flags = ["--rm", "--name vllm-%i", "--network=host", "--ipc=host", "--env-file /etc/gemmaserve/replica-%i.env",
+             f"-v {STATE_DIR}:{STATE_DIR}", "-v /dev/shm/gemmaserve:/dev/shm/gemmaserve", "-v /etc/gemmaserve:/etc/gemmaserve:ro"]
+    if serving.spec.secret:
+        flags.append("-v ${CREDENTIALS_DIRECTORY}:/run/credentials/vllm@%i.service:ro")
+    if vendor == "nvidia":
+        flags.append("--gpus device=${CUDA_VISIBLE_DEVICES}")
+    elif vendor == "amd":
+        flags += ["--device=/dev/kfd", "--device=/dev/dri", "--group-add=video", "--security-opt=seccomp=unconfined"]
+    elif vendor == "google":
+        # Seeds 01/04: TPU containers need the chips (privileged) and the host's /dev/shm for the XLA cache.
+        flags += ["--privileged", "-v /dev/shm:/dev/shm"]
+    return " ".join(flags)
+
+
 def device_nodes(serving: Plan) -> list[str]:
     vendor = serving.accelerator.vendor
     if vendor == "nvidia":
@@ -77,15 +104,16 @@ def device_nodes(serving: Plan) -> list[str]:
 def replicas(serving: Plan) -> None:
     credential = serving.token_source_path
     fetch_unit = "gemmaserve-hf-token.service" if serving.spec.secret and serving.spec.secret.secret_manager else None
-    unit = files.template(
+    unit = files.template(jinja_env_kwargs=jinja_options(), 
         name="Install the vllm@.service template",
         src=str(TEMPLATES / "vllm@.service.j2"), dest="/etc/systemd/system/vllm@.service", mode="0644",
         model=serving.model.hf_id, vllm_executable=serving.engine.vllm_executable, credential=credential,
+        container=serving.engine.kind == "container", image=serving.engine.image, docker_flags=docker_run_flags(serving),
         fetch_unit=fetch_unit,
         devices=device_nodes(serving), state_dir=STATE_DIR, nofile=host.data.replicas_nofile,
         timeout_start=host.data.replicas_timeout_start, stagger_checks=host.data.replicas_stagger_checks,
     )
-    target = files.template(
+    target = files.template(jinja_env_kwargs=jinja_options(), 
         name="Install gemmaserve.target", src=str(TEMPLATES / "gemmaserve.target.j2"),
         dest="/etc/systemd/system/gemmaserve.target", mode="0644", replicas=serving.replicas,
     )
@@ -93,6 +121,7 @@ def replicas(serving: Plan) -> None:
     # Enabled, not started here: at boot the target starts every replica; during a deploy replicas are
     # (re)started one at a time below so at most one is down.
     systemd.service(name="Enable gemmaserve.target", service="gemmaserve.target", enabled=True, running=None)
+    _remove_extra_replicas(serving)
     for replica in serving.replicas:
         name = f"vllm@{replica.index}.service"
         env_installed = _install_checked_env(serving, replica)
@@ -116,6 +145,16 @@ def replicas(serving: Plan) -> None:
                      commands=[f"{admin} ready vllm/replica{replica.index} --timeout 120"])
 
 
+def _remove_extra_replicas(serving: Plan) -> None:
+    """Replicas the plan no longer has (a scale-down): stop and disable them, remove their env files."""
+    listed = host.get_fact(Command, "ls /etc/gemmaserve 2>/dev/null | sed -n 's/^replica-\\([0-9]*\\)\\.env$/\\1/p'") or ""
+    wanted = {r.index for r in serving.replicas}
+    for index in sorted(int(i) for i in listed.split() if i.isdigit() and int(i) not in wanted):
+        systemd.service(name=f"Stop and disable vllm@{index}.service (no longer planned)", service=f"vllm@{index}.service",
+                        running=False, enabled=False)
+        files.file(name=f"Remove replica {index}'s environment", path=f"/etc/gemmaserve/replica-{index}.env", present=False)
+
+
 def _install_checked_env(serving: Plan, replica: ReplicaPlan):
     """Stage replica-N.env, check its argv with vLLM's own parser exactly as systemd will expand it
     (systemd-run with the same EnvironmentFile and $VLLM_ARGS), and only then install it.
@@ -129,13 +168,11 @@ def _install_checked_env(serving: Plan, replica: ReplicaPlan):
     pending = f"{live}.pending"
     files.put(name=f"Stage replica {replica.index}'s environment", src=StringIO(content), dest=pending,
               user="root", group="gemmaserve", mode="0640")
-    python = f"{serving.engine.venv}/bin/python"
     return server.shell(
         name=f"Check replica {replica.index}'s vLLM flags with vLLM's own parser, then install them",
         # As the serving user, so whatever vLLM creates while importing (cache dirs) stays its own.
         commands=[f"systemd-run --wait --pipe --quiet --collect -p User=gemmaserve -p Group=gemmaserve "
-                  f"-p EnvironmentFile={pending} "
-                  f"{python} {ARGCHECK} -- '$VLLM_ARGS' && mv {pending} {live}"],
+                  f"-p EnvironmentFile={pending} {argcheck_command(serving)} -- '$VLLM_ARGS' && mv {pending} {live}"],
     )
 
 

@@ -8,6 +8,8 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 
+from roles import jinja_options
+
 from gemmaserve.plan import Plan
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -24,7 +26,7 @@ DEFAULTS = {
 def router(serving: Plan) -> None:
     apt.packages(name="Install HAProxy", packages=["haproxy"], no_recommends=True)
     address = serving.spec.serving.bind_address
-    staged = files.template(
+    staged = files.template(jinja_env_kwargs=jinja_options(), 
         name="Render the HAProxy config",
         src=str(TEMPLATES / "haproxy.cfg.j2"), dest=f"{CONFIG}.gemmaserve", mode="0644",
         bind=host.data.router_bind, port=serving.router_port, stats_port=host.data.router_stats_port,

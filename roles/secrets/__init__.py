@@ -11,6 +11,8 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
+from roles import jinja_options
+
 from gemmaserve.plan import TOKEN_RUNTIME_PATH, Plan
 from roles.vllm import LIB_DIR, PACKAGE_DIR
 
@@ -54,7 +56,7 @@ def _secret_manager_source(secret: str) -> None:
     script = f"{LIB_DIR}/hf_token.py"
     files.put(name="Install the Secret Manager token fetcher", src=str(PACKAGE_DIR / "hf_token.py"), dest=script,
               mode="0644")
-    unit = files.template(
+    unit = files.template(jinja_env_kwargs=jinja_options(), 
         name=f"Install {FETCH_UNIT}", src=str(TEMPLATES / f"{FETCH_UNIT}.j2"), dest=f"/etc/systemd/system/{FETCH_UNIT}",
         mode="0644", script=script, secret=secret, out=TOKEN_RUNTIME_PATH,
     )

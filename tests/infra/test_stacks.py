@@ -304,8 +304,13 @@ def test_serving_image_build_is_pinned():
     run = run_program("gpu8", with_cloud("gpu8", image={"build": True}))
     image = run.one("docker:index/image:Image").inputs
     spec = load_stack_spec("gpu8", ROOT)
-    assert image["build"]["args"] == {"BASE_IMAGE": spec.image, "VLLM_VERSION": spec.vllm_version,
-                                      "TRANSFORMERS_VERSION": spec.engine.transformers_version}
+    assert image["build"]["args"] == {
+        "BASE_IMAGE": spec.image, "VLLM_VERSION": spec.vllm_version,
+        "TRANSFORMERS_VERSION": spec.engine.transformers_version,
+        # The template the argv's --chat-template points at, from vLLM's repository at the pinned tag.
+        "CHAT_TEMPLATE_URL": f"https://raw.githubusercontent.com/vllm-project/vllm/v{spec.vllm_version}/examples/tool_chat_template_gemma4.jinja",
+        "CHAT_TEMPLATE_PATH": "/etc/gemmaserve/tool_chat_template_gemma4.jinja",
+    }
     assert image["imageName"].startswith(f"us-central1-docker.pkg.dev/{PROJECT}/gemmaserve/vllm-gemma4:vllm-")
     assert "@sha256:" in run.outputs["serving_image"]
     assert "ya29.fake" not in json.dumps(run.outputs)

@@ -260,3 +260,26 @@ def test_bad_host_data_fails_before_any_change(deployed, sandbox_host, tmp_path)
     assert "workload.gpu_memory_utilization = 1.7" in output and "less than or equal to 0.98" in output
     assert "Starting operation" not in output
     assert sandbox_host.run("sha256sum /etc/gemmaserve/replica-0.env /etc/systemd/system/vllm@.service").stdout == before
+
+
+def test_plan_capacity_matches_vllms_own_accounting(endpoint, sandbox_plan):
+    """The planner's KV-cache blocks, tokens and concurrency equal what the real vLLM computed."""
+    status, body = request(root_of(endpoint) + "/metrics")
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', re.search(r"vllm:cache_config_info\{([^}]*)\}", body)[1]))
+    capacity = sandbox_plan.replicas[0].capacity
+    print(f"\n[figure] vLLM: {labels['num_gpu_blocks']} blocks, {labels['kv_cache_size_tokens']} tokens, "
+          f"{float(labels['kv_cache_max_concurrency']):.2f}x; plan: {capacity.num_blocks} blocks, "
+          f"{capacity.kv_cache_tokens} tokens, {capacity.max_concurrency:.2f}x")
+    assert int(labels["num_gpu_blocks"]) == capacity.num_blocks
+    assert int(labels["kv_cache_size_tokens"]) == capacity.kv_cache_tokens
+    assert float(labels["kv_cache_max_concurrency"]) == pytest.approx(capacity.max_concurrency, rel=1e-9)
+
+
+def test_gemmaserve_status_reports_the_replica(deployed, sandbox_plan):
+    result = subprocess.run([sys.executable, "-m", "gemmaserve", "status", "--inventory", "hosts/sandbox.py", "--json"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    (replica,) = [r for r in json.loads(result.stdout)["replicas"] if r["host"] == deployed[0].name]
+    assert replica["state"] == "active" and replica["healthy"] is True
+    assert replica["model"] == sandbox_plan.model.hf_id
+    assert 0.0 <= replica["kv_cache_usage"] <= 1.0 and replica["waiting"] == 0.0

@@ -29,7 +29,7 @@ def test_json_shape_is_exact():
 
 def test_calibration_from_the_command_line():
     result = gemmaserve("plan", "--model", "26b-a4b", "--accelerator", "a100-80gb", "--max-model-len", "131072",
-                        "--gpu-memory-utilization", "0.9", "--available-kv-gib", "21.5", "--json")
+                        "--gpu-memory-utilization", "0.9", "--available-kv-gib", "21.5", "--vllm-version", "0.19.0", "--json")
     replica = json.loads(result.stdout)["replicas"][0]
     assert abs(replica["kv_cache_tokens"] - 93936) <= 16
     assert replica["max_concurrency"] == 6.96

@@ -12,7 +12,8 @@ SEED05_AVAILABLE_GIB = 21.5
 SEED05_TOKENS = 93_936
 SEED05_CONCURRENCY = "6.96"
 SEED05_SPEC = {"model": "26b-a4b", "accelerator": {"kind": "a100-80gb", "count": 1},
-               "workload": {"max_model_len": 131072, "gpu_memory_utilization": 0.9, "enforce_eager": True}}
+               "workload": {"max_model_len": 131072, "gpu_memory_utilization": 0.9, "enforce_eager": True},
+               "engine": {"vllm_version": "0.19.0"}}
 
 
 def test_seed05_tokens_from_logged_available_memory():
@@ -103,3 +104,11 @@ def test_sliding_window_bounds_per_request_blocks():
 def test_overhead_grows_with_batch_budget():
     model = CATALOG.model("31b")
     assert runtime_overhead_gib(model, 8192, 256) > runtime_overhead_gib(model, 2048, 256)
+
+
+def test_newer_vllm_reports_tokens_as_concurrency_times_length():
+    data = {**SEED05_SPEC, "engine": {"vllm_version": "0.32.0"}}
+    replica = plan(parse_spec(data), available_kv_gib=SEED05_AVAILABLE_GIB).replicas[0]
+    old = plan(parse_spec(SEED05_SPEC), available_kv_gib=SEED05_AVAILABLE_GIB).replicas[0]
+    assert replica.capacity.num_blocks == old.capacity.num_blocks
+    assert replica.capacity.kv_cache_tokens == int(replica.capacity.max_concurrency * 131072)
