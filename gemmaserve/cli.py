@@ -165,6 +165,52 @@ def status_command(
     typer.echo(status_json(statuses)) if as_json else print_table(statuses)
 
 
+@app.command("verify", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def verify(
+    ctx: typer.Context,
+    inventory: str = typer.Option("hosts/sandbox.py", "--inventory", help="A pyinfra inventory file."),
+) -> None:
+    """Run the testinfra verification suite (tests/verify) against every host of an inventory."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "pytest", str(repo / "tests" / "verify"), "--inventory", inventory,
+               "-p", "no:cacheprovider", "-q", *ctx.args]
+    raise typer.Exit(subprocess.call(command, cwd=repo))
+
+
+@app.command("bench")
+def bench(
+    inventory: str = typer.Option("hosts/sandbox.py", "--inventory", help="A pyinfra inventory file."),
+    profile: list[str] = typer.Option(["prompt-heavy", "decode-heavy", "balanced"], "--profile",
+                                      help="prompt-heavy (8000/1000), decode-heavy (1000/8000), balanced (1000/1000)."),
+    concurrency: str = typer.Option("1,16,32,64,128,256", "--concurrency", help="Comma-separated sweep."),
+    scale: float = typer.Option(1.0, "--scale", help="Multiply the profiles' token lengths (e.g. 0.01 on the sandbox)."),
+    prompts_per_level: int = typer.Option(4, "--prompts-per-level", help="Prompts per unit of concurrency."),
+    out: Path = typer.Option(Path("bench-results"), "--out", help="Directory for bench.json and bench.png."),
+) -> None:
+    """Run `vllm bench serve` on each host against its load balancer; print a table, write JSON and a PNG plot."""
+    from gemmaserve import bench as benchmark
+
+    unknown = [p for p in profile if p not in benchmark.PROFILES]
+    if unknown:
+        _fail(f"error: --profile = {unknown[0]!r}: allowed: {', '.join(benchmark.PROFILES)}", EXIT_BAD_INPUT)
+    try:
+        levels = [int(c) for c in concurrency.split(",")]
+        if any(c < 1 for c in levels):
+            raise ValueError
+    except ValueError:
+        _fail(f"error: --concurrency = {concurrency!r}: allowed: comma-separated positive integers", EXIT_BAD_INPUT)
+    if scale <= 0:
+        _fail(f"error: --scale = {scale}: must be > 0", EXIT_BAD_INPUT)
+    points = benchmark.run(inventory, profile, levels, scale, prompts_per_level, log=typer.echo)
+    out.mkdir(parents=True, exist_ok=True)
+    benchmark.write_json(points, out / "bench.json")
+    benchmark.write_plot(points, out / "bench.png")
+    benchmark.print_table(points)
+    typer.echo(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+
+
 @app.command("tiny-model")
 def tiny_model(out: str = typer.Argument(..., help="Directory to write the checkpoint to.")) -> None:
     """Build a tiny, randomly initialised Gemma 4 checkpoint (a TEST model, not for production)."""

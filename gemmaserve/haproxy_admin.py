@@ -4,6 +4,7 @@ Runs on serving hosts as a standalone script (stdlib only), from the replicas ro
 
     python3 haproxy_admin.py drain vllm/replica0 [--timeout S]   # no new requests; wait until idle
     python3 haproxy_admin.py ready vllm/replica0 [--timeout S]   # take requests again; wait until UP
+    python3 haproxy_admin.py status vllm                         # {"replica0": "UP", ...} as JSON
 
 With no HAProxy socket (the router is not installed yet, on a first deploy) there is nothing to drain
 and both commands succeed.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import os
 import socket
 import sys
@@ -70,15 +72,23 @@ def ready(name: str, timeout: float, path: str = SOCKET) -> None:
     print(f"{name}: ready and UP", file=sys.stderr)
 
 
+def backend_status(backend: str, path: str = SOCKET) -> dict[str, str]:
+    rows = csv.DictReader(io.StringIO(command("show stat", path).lstrip("# ")))
+    return {row["svname"]: row["status"] for row in rows if row["pxname"] == backend and row["svname"] not in ("FRONTEND", "BACKEND")}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="haproxy_admin.py")
-    parser.add_argument("action", choices=["drain", "ready"])
-    parser.add_argument("server", help="BACKEND/SERVER, e.g. vllm/replica0")
+    parser.add_argument("action", choices=["drain", "ready", "status"])
+    parser.add_argument("server", help="BACKEND/SERVER, e.g. vllm/replica0 (for status: BACKEND)")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--socket", default=SOCKET)
     args = parser.parse_args(argv)
     if not os.path.exists(args.socket):
         print(f"{args.socket} absent: HAProxy not running here yet, nothing to {args.action}", file=sys.stderr)
+        return 0
+    if args.action == "status":
+        print(json.dumps(backend_status(args.server, args.socket)))
         return 0
     (drain if args.action == "drain" else ready)(args.server, args.timeout, args.socket)
     return 0

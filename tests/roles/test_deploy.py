@@ -283,3 +283,27 @@ def test_gemmaserve_status_reports_the_replica(deployed, sandbox_plan):
     assert replica["state"] == "active" and replica["healthy"] is True
     assert replica["model"] == sandbox_plan.model.hf_id
     assert 0.0 <= replica["kv_cache_usage"] <= 1.0 and replica["waiting"] == 0.0
+
+
+def test_verify_suite_passes_against_the_sandbox(deployed):
+    """The product's own verification suite (tests/verify), run as a user would, against this host."""
+    result = subprocess.run([sys.executable, "-m", "gemmaserve", "verify", "--inventory", "hosts/sandbox.py",
+                             "-k", deployed[0].name], cwd=REPO, capture_output=True, text=True, timeout=600)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-500:]
+    print(f"\n[figure] gemmaserve verify: {summary}")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert re.search(r"\d+ passed", summary) and "skipped" not in summary and "failed" not in summary
+
+
+def test_bench_scaled_down_sweep_writes_table_json_and_plot(deployed, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "gemmaserve", "bench", "--inventory", "hosts/sandbox.py", "--profile", "balanced",
+         "--profile", "prompt-heavy", "--concurrency", "1,2", "--scale", "0.01", "--prompts-per-level", "2",
+         "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    points = json.loads((tmp_path / "bench.json").read_text())["points"]
+    assert {(p["profile"], p["concurrency"]) for p in points} == {("balanced", 1), ("balanced", 2),
+                                                                  ("prompt-heavy", 1), ("prompt-heavy", 2)}
+    assert all(p["results"]["completed"] == p["num_prompts"] and p["results"]["output_throughput"] > 0 for p in points)
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "gemmaserve bench" in result.stdout

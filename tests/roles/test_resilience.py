@@ -129,10 +129,7 @@ def unit_started(sandbox_host, index: int) -> str:
 
 
 def haproxy_status(sandbox_host) -> dict[str, str]:
-    out = sandbox_host.run("echo 'show stat' | python3 -c \"import socket,sys; s=socket.socket(socket.AF_UNIX); "
-                           "s.connect('/run/haproxy/admin.sock'); s.sendall(sys.stdin.read().encode()); "
-                           "print(s.makefile().read())\"").stdout
-    return {row.split(",")[1]: row.split(",")[17] for row in out.splitlines() if row.startswith("vllm,replica")}
+    return json.loads(sandbox_host.run("python3 /opt/gemmaserve/lib/haproxy_admin.py status vllm").stdout)
 
 
 def test_both_replicas_serve_behind_haproxy(two_replicas, sandbox_host):
@@ -200,7 +197,7 @@ def test_rolling_restart_keeps_serving_and_restarts_every_changed_replica(two_re
     host, serving, _, tmp_path = two_replicas
     started = [unit_started(sandbox_host, i) for i in (0, 1)]
     changed = two_replica_data(tmp_path, max_num_seqs=32)
-    with Load(f"http://{host.address}:8080/v1/chat/completions", serving.model.hf_id, limit=20000, seconds=600) as load:
+    with Load(f"http://{host.address}:8080/v1/chat/completions", serving.model.hf_id, limit=20000, seconds=600, threads=2) as load:
         wait_until(lambda: load.ok >= 3, 60, "the load to start")
         result = deploy(host.name, changed, tmp_path)
     print(f"\n[figure] rolling restart of 2 replicas under load: {load.ok} ok, {len(load.failures)} failed")
@@ -232,7 +229,8 @@ def test_reboot_brings_units_router_and_compile_cache_back(two_replicas, sandbox
     marker = f"/dev/shm/gemmaserve/{key}/vllm/gemmaserve-reboot-marker"
     assert sandbox_host.run(f"echo survived > {marker}").rc == 0
     pid1_before = sandbox_host.run("stat -c %Z /proc/1").stdout.strip()
-    hosts.reboot(host.name)
+    # Later tests hold this same Host record: keep its PID current.
+    host.pid = hosts.reboot(host.name).pid
     # The old ssh session died with the host: drop testinfra's cached paramiko client to reconnect.
     sandbox_host.backend.__dict__.pop("client", None)
     # A new PID 1 (the kernel's /proc/uptime is shared with the outer machine, so it cannot tell).

@@ -72,3 +72,8 @@ def test_unknown_server_is_a_no_op(fake):
 
 def test_missing_socket_is_a_no_op(tmp_path):
     assert haproxy_admin.main(["drain", "vllm/replica0", "--socket", str(tmp_path / "none.sock")]) == 0
+
+
+def test_status_lists_servers(fake):
+    _, path = fake
+    assert haproxy_admin.backend_status("vllm", path) == {"replica0": "UP", "replica1": "UP"}
