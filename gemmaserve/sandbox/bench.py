@@ -110,6 +110,32 @@ def measure_deploy(log: Log = print) -> dict[str, float]:
     return figures
 
 
+def measure_fleet(size: int = 4, log: Log = print) -> dict[str, float]:
+    """Deploy one fresh host, then `size` fresh hosts in one pyinfra run: how deploys scale with hosts."""
+    from gemmaserve.demo import REPO, ensure_engine_and_model
+
+    ensure_engine_and_model()
+    taken = {h.name for h in state.load_state().hosts}
+    indices = [i for i in range(101, 255) if state.host_name(i) not in taken][: size + 1]
+    hosts.up_hosts(indices, log=log)
+    names = [state.host_name(i) for i in indices]
+    figures: dict[str, float] = {}
+    try:
+        for label, group in (("deploy_1_host_s", names[:1]), (f"deploy_{size}_hosts_s", names[1:])):
+            limits = [arg for name in group for arg in ("--limit", name)]
+            started = time.monotonic()
+            result = subprocess.run([sys.executable, "-m", "pyinfra", "-y", *limits, "hosts/sandbox.py", "deploy.py"],
+                                    cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if result.returncode:
+                raise RuntimeError(f"deploy to {group} failed:\n" + result.stdout[-3000:])
+            figures[label] = time.monotonic() - started
+            log(f"{label}: {figures[label]:.1f} s")
+        figures[f"{size}_hosts_over_1"] = figures[f"deploy_{size}_hosts_s"] / figures["deploy_1_host_s"]
+    finally:
+        hosts.down(names, log=log)
+    return figures
+
+
 def print_figures(figures: dict[str, float]) -> None:
     from rich.console import Console
     from rich.table import Table

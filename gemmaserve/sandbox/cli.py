@@ -122,6 +122,7 @@ def reboot(name: str = typer.Argument(..., help="Host name, e.g. sandbox-1.")) -
 def bench(
     cold: bool = typer.Option(False, "--cold", help="Delete the cached rootfs first and time the debootstrap build."),
     deploy: bool = typer.Option(False, "--deploy", help="Also deploy the demo profile and time serving restarts."),
+    fleet: int = typer.Option(0, "--fleet", help="Also time one pyinfra run deploying N fresh hosts against 1."),
 ) -> None:
     """Print sandbox figures: rootfs build and unpack, host up, boot to ssh, idle RSS, down
     (with --deploy: pyinfra deploy, no-op redeploy, first token after cold and warm restarts)."""
@@ -131,6 +132,8 @@ def bench(
         figures = sandbox_bench.measure(cold=cold, log=_console_log())
         if deploy:
             figures.update(sandbox_bench.measure_deploy(log=_console_log()))
+        if fleet:
+            figures.update(sandbox_bench.measure_fleet(fleet, log=_console_log()))
     except (RuntimeError, OSError) as error:
         _fail(error)
     sandbox_bench.print_figures(figures)

@@ -51,8 +51,8 @@ def caches(serving: Plan) -> None:
     context = {"script": script, "args": cache_args(serving), "disk": DISK_ROOT, "shm": SHM_CACHE_ROOT,
                "save_timeout": host.data.cache_save_timeout, "interval": host.data.cache_save_interval}
     rendered = [
-        files.template(jinja_env_kwargs=jinja_options(), name=f"Install {unit}", src=str(TEMPLATES / f"{unit}.j2"), dest=f"/etc/systemd/system/{unit}",
-                       mode="0644", **context)
+        files.template(jinja_env_kwargs=jinja_options(), name=f"Install {unit}", src=str(TEMPLATES / f"{unit}.j2"),
+                       dest=f"/etc/systemd/system/{unit}", mode="0644", **context)
         for unit in (RESTORE_UNIT, "gemmaserve-cache-save.service", "gemmaserve-cache-save.timer")
     ]
     systemd.daemon_reload(name="Reload systemd units for the caches", _if=lambda: any(op.did_change() for op in rendered))

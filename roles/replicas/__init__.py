@@ -100,21 +100,27 @@ def device_nodes(serving: Plan) -> list[str]:
     return []
 
 
+def unit_context(serving: Plan, data) -> dict:
+    """Everything vllm@.service.j2 is rendered with (`data`: host data with this role's defaults)."""
+    fetch_unit = "gemmaserve-hf-token.service" if serving.spec.secret and serving.spec.secret.secret_manager else None
+    return {
+        "model": serving.model.hf_id, "vllm_executable": serving.engine.vllm_executable,
+        "credential": serving.token_source_path, "fetch_unit": fetch_unit,
+        "container": serving.engine.kind == "container", "image": serving.engine.image,
+        "docker_flags": docker_run_flags(serving), "devices": device_nodes(serving), "state_dir": STATE_DIR,
+        "nofile": data.get("replicas_nofile", DEFAULTS["replicas_nofile"]),
+        "timeout_start": data.get("replicas_timeout_start", DEFAULTS["replicas_timeout_start"]),
+        "stagger_checks": data.get("replicas_stagger_checks", DEFAULTS["replicas_stagger_checks"]),
+    }
+
+
 @deploy("Run vLLM replicas", data_defaults=DEFAULTS)
 def replicas(serving: Plan) -> None:
-    credential = serving.token_source_path
-    fetch_unit = "gemmaserve-hf-token.service" if serving.spec.secret and serving.spec.secret.secret_manager else None
-    unit = files.template(jinja_env_kwargs=jinja_options(), 
-        name="Install the vllm@.service template",
-        src=str(TEMPLATES / "vllm@.service.j2"), dest="/etc/systemd/system/vllm@.service", mode="0644",
-        model=serving.model.hf_id, vllm_executable=serving.engine.vllm_executable, credential=credential,
-        container=serving.engine.kind == "container", image=serving.engine.image, docker_flags=docker_run_flags(serving),
-        fetch_unit=fetch_unit,
-        devices=device_nodes(serving), state_dir=STATE_DIR, nofile=host.data.replicas_nofile,
-        timeout_start=host.data.replicas_timeout_start, stagger_checks=host.data.replicas_stagger_checks,
-    )
-    target = files.template(jinja_env_kwargs=jinja_options(), 
-        name="Install gemmaserve.target", src=str(TEMPLATES / "gemmaserve.target.j2"),
+    unit = files.template(jinja_env_kwargs=jinja_options(), name="Install the vllm@.service template",
+                          src=str(TEMPLATES / "vllm@.service.j2"), dest="/etc/systemd/system/vllm@.service",
+                          mode="0644", **unit_context(serving, host.data))
+    target = files.template(
+        jinja_env_kwargs=jinja_options(), name="Install gemmaserve.target", src=str(TEMPLATES / "gemmaserve.target.j2"),
         dest="/etc/systemd/system/gemmaserve.target", mode="0644", replicas=serving.replicas,
     )
     systemd.daemon_reload(name="Reload systemd units", _if=lambda: unit.did_change() or target.did_change())

@@ -26,7 +26,8 @@ DEFAULTS = {
 def router(serving: Plan) -> None:
     apt.packages(name="Install HAProxy", packages=["haproxy"], no_recommends=True)
     address = serving.spec.serving.bind_address
-    staged = files.template(jinja_env_kwargs=jinja_options(), 
+    staged = files.template(
+        jinja_env_kwargs=jinja_options(),
         name="Render the HAProxy config",
         src=str(TEMPLATES / "haproxy.cfg.j2"), dest=f"{CONFIG}.gemmaserve", mode="0644",
         bind=host.data.router_bind, port=serving.router_port, stats_port=host.data.router_stats_port,

@@ -56,7 +56,8 @@ def _secret_manager_source(secret: str) -> None:
     script = f"{LIB_DIR}/hf_token.py"
     files.put(name="Install the Secret Manager token fetcher", src=str(PACKAGE_DIR / "hf_token.py"), dest=script,
               mode="0644")
-    unit = files.template(jinja_env_kwargs=jinja_options(), 
+    unit = files.template(
+        jinja_env_kwargs=jinja_options(),
         name=f"Install {FETCH_UNIT}", src=str(TEMPLATES / f"{FETCH_UNIT}.j2"), dest=f"/etc/systemd/system/{FETCH_UNIT}",
         mode="0644", script=script, secret=secret, out=TOKEN_RUNTIME_PATH,
     )
