@@ -221,12 +221,9 @@ def tiny_model(out: str = typer.Argument(..., help="Directory to write the check
 
 
 def _register_subcommands() -> None:
-    # Sub-apps import only typer at module level, so `gemmaserve plan` stays under a second.
-    try:
-        from gemmaserve.sandbox.cli import sandbox_app
-    except ImportError as error:  # pragma: no cover - only while the sandbox package is absent
-        print(f"gemmaserve: sandbox commands unavailable ({error})", file=sys.stderr)
-        return
+    # The sandbox sub-app imports only typer at module level, so `gemmaserve plan` stays under a second.
+    from gemmaserve.sandbox.cli import sandbox_app
+
     app.add_typer(sandbox_app, name="sandbox", help="Local sandbox hosts (systemd-nspawn) for demos and tests.")
 
 
