@@ -57,8 +57,11 @@ def drain(name: str, timeout: float, path: str = SOCKET) -> None:
         return
     command(f"set server {name} state drain", path)
     # Requests already running on it finish; only then may the replica restart.
-    _wait(lambda: int(server_stats(backend, server, path)["scur"] or 0) == 0 and
-          int(server_stats(backend, server, path)["qcur"] or 0) == 0, timeout, f"{name} to go idle")
+    def idle() -> bool:
+        stats = server_stats(backend, server, path)
+        return int(stats["scur"] or 0) == 0 and int(stats["qcur"] or 0) == 0
+
+    _wait(idle, timeout, f"{name} to go idle")
     print(f"{name}: drained", file=sys.stderr)
 
 

@@ -42,3 +42,10 @@ def base() -> None:
         src=StringIO(f"gemmaserve soft nofile {limit}\ngemmaserve hard nofile {limit}\n"),
         dest="/etc/security/limits.d/90-gemmaserve.conf", mode="0644",
     )
+
+
+def distro_key(distribution: dict) -> tuple[str, str]:
+    """`server.LinuxDistribution` -> (id, version), e.g. ("ubuntu", "24.04") or ("debian", "12")."""
+    meta = distribution.get("release_meta") or {}
+    distro_id = (meta.get("ID") or distribution.get("name") or "").lower()
+    return distro_id, meta.get("VERSION_ID") or str(distribution.get("major"))

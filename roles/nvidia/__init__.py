@@ -14,6 +14,7 @@ from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, server, systemd
 
 from gemmaserve.plan import Plan
+from roles.base import distro_key
 
 DEFAULTS = {
     # The production branch vLLM's CUDA 12.9/13.0 wheels and images need (>= 575); pinned through apt.
@@ -97,9 +98,7 @@ class NvidiaDockerRuntime(FactBase[bool]):
 
 def cuda_distro(distribution: dict) -> str:
     """`server.LinuxDistribution` -> the CUDA repository's distro name (ubuntu2204, ubuntu2404, debian12)."""
-    meta = distribution.get("release_meta") or {}
-    distro_id = (meta.get("ID") or distribution.get("name") or "").lower()
-    version = meta.get("VERSION_ID") or str(distribution.get("major"))
+    distro_id, version = distro_key(distribution)
     try:
         return CUDA_DISTROS[(distro_id, version)]
     except KeyError:

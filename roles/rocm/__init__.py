@@ -10,6 +10,7 @@ from pyinfra.facts.server import LinuxDistribution, Users
 from pyinfra.operations import apt, server
 
 from gemmaserve.plan import Plan
+from roles.base import distro_key
 from roles.nvidia import APT_GET, allow_reboot
 
 DEFAULTS = {
@@ -73,9 +74,7 @@ def installer_deb(version: str) -> str:
 
 
 def ubuntu_codename(distribution: dict) -> str:
-    meta = distribution.get("release_meta") or {}
-    distro_id = (meta.get("ID") or distribution.get("name") or "").lower()
-    version = meta.get("VERSION_ID") or str(distribution.get("major"))
+    distro_id, version = distro_key(distribution)
     try:
         return CODENAMES[(distro_id, version)]
     except KeyError:
