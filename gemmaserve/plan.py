@@ -395,6 +395,11 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{wl.cpu_kv_cache_gib:g}"
         env["XDG_CACHE_HOME"] = f"{cache}/xdg"
         env["TMPDIR"] = f"{cache}/tmp"
+        if not wl.enforce_eager:
+            # vLLM 0.32's CPU build saves AOT-compiled graphs it cannot load again ("'function' object has
+            # no attribute 'finalize_loading'", seen on the sandbox), so every start recompiled (~40 s for
+            # the tiny model). Without AOT, inductor's cache on /dev/shm serves restarts: 8.9 s instead.
+            env["VLLM_USE_AOT_COMPILE"] = "0"
     return env
 
 

@@ -125,7 +125,8 @@ def bench(
     fleet: int = typer.Option(0, "--fleet", help="Also time one pyinfra run deploying N fresh hosts against 1."),
 ) -> None:
     """Print sandbox figures: rootfs build and unpack, host up, boot to ssh, idle RSS, down
-    (with --deploy: pyinfra deploy, no-op redeploy, first token after cold and warm restarts)."""
+    (with --deploy: pyinfra deploy, no-op redeploy, first token after cold and warm restarts, eager and
+    compiled; with --fleet N: N fresh hosts in one pyinfra run against 1, with the CPU floor)."""
     from gemmaserve.sandbox import bench as sandbox_bench
 
     try:

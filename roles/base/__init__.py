@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Command
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import server
 
 from gemmaserve.plan import HF_HOME, STATE_DIR
+from roles.batch import Snapshot, packages
 
 DEFAULTS = {
     "base_packages": ["ca-certificates", "curl", "python3", "python3-venv", "libnuma1"],
@@ -21,27 +20,30 @@ DEFAULTS = {
 @deploy("Prepare the host", data_defaults=DEFAULTS)
 def base() -> None:
     virt = (host.get_fact(Command, "systemd-detect-virt --container || true") or "none").strip()
-    packages = list(host.data.base_packages)
+    wanted = list(host.data.base_packages)
     if virt == "none":
         # Containers share the outer clock and cannot set it; real hosts sync their own.
-        packages.append("chrony")
-    apt.packages(name="Install base packages", packages=packages, update=True, cache_time=3600, no_recommends=True)
+        wanted.append("chrony")
+    packages(name="Install base packages", packages=wanted)
+    limits = "/etc/security/limits.d/90-gemmaserve.conf"
+    now = Snapshot(paths=["/etc/gemmaserve", STATE_DIR, HF_HOME, limits], units=["chrony.service"])
     if virt == "none":
-        systemd.service(name="Run chrony for time sync", service="chrony", running=True, enabled=True)
-    server.group(name="Create the gemmaserve group", group="gemmaserve", system=True)
-    server.user(
-        name="Create the gemmaserve system user", user="gemmaserve", group="gemmaserve", home=STATE_DIR,
-        shell="/usr/sbin/nologin", system=True, ensure_home=False,
-    )
-    files.directory(name="Create /etc/gemmaserve", path="/etc/gemmaserve", user="root", group="gemmaserve", mode="0750")
+        now.service(name="Run chrony for time sync", service="chrony.service", running=True, enabled=True)
+    account = (host.get_fact(Command, "getent group gemmaserve; getent passwd gemmaserve || true") or "").splitlines()
+    expected_user = f":{STATE_DIR}:/usr/sbin/nologin"
+    if not (len(account) == 2 and account[0].startswith("gemmaserve:") and account[1].endswith(expected_user)
+            and account[1].split(":")[3] == account[0].split(":")[2]):
+        server.group(name="Create the gemmaserve group", group="gemmaserve", system=True)
+        server.user(
+            name="Create the gemmaserve system user", user="gemmaserve", group="gemmaserve", home=STATE_DIR,
+            shell="/usr/sbin/nologin", system=True, ensure_home=False,
+        )
+    now.directory(name="Create /etc/gemmaserve", path="/etc/gemmaserve", user="root", group="gemmaserve", mode="0750")
     for path in (STATE_DIR, HF_HOME):
-        files.directory(name=f"Create {path}", path=path, user="gemmaserve", group="gemmaserve", mode="0750")
+        now.directory(name=f"Create {path}", path=path, user="gemmaserve", group="gemmaserve", mode="0750")
     limit = host.data.base_nofile
-    files.put(
-        name="Raise open-file limits for the gemmaserve user",
-        src=StringIO(f"gemmaserve soft nofile {limit}\ngemmaserve hard nofile {limit}\n"),
-        dest="/etc/security/limits.d/90-gemmaserve.conf", mode="0644",
-    )
+    now.put(name="Raise open-file limits for the gemmaserve user", dest=limits,
+            content=f"gemmaserve soft nofile {limit}\ngemmaserve hard nofile {limit}\n")
 
 
 def distro_key(distribution: dict) -> tuple[str, str]:

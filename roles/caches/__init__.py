@@ -3,16 +3,14 @@ bucket) before replicas start, saved at stop and periodically, keyed by the plan
 
 from __future__ import annotations
 
-from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, server, systemd
-
-from roles import jinja_options
+from pyinfra.operations import server, systemd
 
 from gemmaserve.plan import SHM_CACHE_ROOT, STATE_DIR, Plan
+from roles.batch import Snapshot, render
 from roles.vllm import LIB_DIR, PACKAGE_DIR
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -38,24 +36,21 @@ def cache_args(serving: Plan) -> str:
 
 @deploy("Keep compile caches across restarts", data_defaults=DEFAULTS)
 def caches(serving: Plan) -> None:
-    tmpfiles = files.put(
-        name="Create the /dev/shm cache root at every boot (tmpfiles.d)",
-        src=StringIO(f"d {SHM_CACHE_ROOT} 0750 gemmaserve gemmaserve -\n"),
-        dest="/etc/tmpfiles.d/gemmaserve.conf", mode="0644",
-    )
-    server.shell(name="Create the /dev/shm cache root now", commands=["systemd-tmpfiles --create /etc/tmpfiles.d/gemmaserve.conf"],
+    tmpfiles_conf, script = "/etc/tmpfiles.d/gemmaserve.conf", f"{LIB_DIR}/compile_cache.py"
+    units = (RESTORE_UNIT, "gemmaserve-cache-save.service", "gemmaserve-cache-save.timer")
+    now = Snapshot(paths=[tmpfiles_conf, DISK_ROOT, script, *(f"/etc/systemd/system/{u}" for u in units)],
+                   units=[RESTORE_UNIT, "gemmaserve-cache-save.timer"])
+    tmpfiles = now.put(name="Create the /dev/shm cache root at every boot (tmpfiles.d)", dest=tmpfiles_conf,
+                       content=f"d {SHM_CACHE_ROOT} 0750 gemmaserve gemmaserve -\n")
+    server.shell(name="Create the /dev/shm cache root now", commands=[f"systemd-tmpfiles --create {tmpfiles_conf}"],
                  _if=tmpfiles.did_change)
-    files.directory(name=f"Create {DISK_ROOT}", path=DISK_ROOT, user="root", group="root", mode="0750")
-    script = f"{LIB_DIR}/compile_cache.py"
-    files.put(name="Install the compile cache tool", src=str(PACKAGE_DIR / "compile_cache.py"), dest=script, mode="0644")
+    now.directory(name=f"Create {DISK_ROOT}", path=DISK_ROOT, user="root", group="root", mode="0750")
+    now.put(name="Install the compile cache tool", content=PACKAGE_DIR / "compile_cache.py", dest=script)
     context = {"script": script, "args": cache_args(serving), "disk": DISK_ROOT, "shm": SHM_CACHE_ROOT,
                "save_timeout": host.data.cache_save_timeout, "interval": host.data.cache_save_interval}
-    rendered = [
-        files.template(jinja_env_kwargs=jinja_options(), name=f"Install {unit}", src=str(TEMPLATES / f"{unit}.j2"),
-                       dest=f"/etc/systemd/system/{unit}", mode="0644", **context)
-        for unit in (RESTORE_UNIT, "gemmaserve-cache-save.service", "gemmaserve-cache-save.timer")
-    ]
+    rendered = [now.put(name=f"Install {unit}", content=render(TEMPLATES / f"{unit}.j2", **context),
+                        dest=f"/etc/systemd/system/{unit}") for unit in units]
     systemd.daemon_reload(name="Reload systemd units for the caches", _if=lambda: any(op.did_change() for op in rendered))
     # Restarting the restore unit would save then restore: harmless, and it picks up new keys.
-    systemd.service(name=f"Run {RESTORE_UNIT}", service=RESTORE_UNIT, enabled=True, running=True)
-    systemd.service(name="Save caches periodically", service="gemmaserve-cache-save.timer", enabled=True, running=True)
+    now.service(name=f"Run {RESTORE_UNIT}", service=RESTORE_UNIT, enabled=True, running=True)
+    now.service(name="Save caches periodically", service="gemmaserve-cache-save.timer", enabled=True, running=True)

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from io import StringIO
 from pathlib import Path
 from typing import Any
 
-import jinja2
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import server, systemd
 
 from gemmaserve.plan import Plan
+from roles.batch import Snapshot, packages, render
 
 TEMPLATES = Path(__file__).parent / "templates"
 CONFIG = "/etc/prometheus/prometheus.yml"
@@ -34,12 +33,6 @@ DEFAULTS = {
 }
 
 
-def _render(template: str, **context: Any) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    return env.get_template(template).render(**context)
-
-
 def _setting(settings: Mapping[str, Any], key: str) -> Any:
     value = settings.get(key)
     return DEFAULTS[key] if value is None else value
@@ -49,8 +42,8 @@ def prometheus_config(serving: Plan, settings: Mapping[str, Any] = DEFAULTS, hos
                       rules_glob: str = f"{RULES_DIR}/*.yml") -> str:
     """prometheus.yml for this host's plan: one vllm target per replica plus HAProxy's exporter."""
     address = serving.spec.serving.bind_address
-    return _render(
-        "prometheus.yml.j2", replicas=serving.replicas, host_name=host_name, rules_glob=rules_glob,
+    return render(
+        TEMPLATES / "prometheus.yml.j2", replicas=serving.replicas, host_name=host_name, rules_glob=rules_glob,
         address="127.0.0.1" if address == "0.0.0.0" else address,
         scrape_interval=_setting(settings, "monitoring_scrape_interval"),
         listen=_setting(settings, "monitoring_listen"),
@@ -60,8 +53,8 @@ def prometheus_config(serving: Plan, settings: Mapping[str, Any] = DEFAULTS, hos
 
 def alert_rules(serving: Plan, settings: Mapping[str, Any] = DEFAULTS) -> str:
     """The alert rules: KV cache > 85%, requests waiting for 30 s, a replica down (seed 03)."""
-    return _render(
-        "gemmaserve.rules.yml.j2", replicas=serving.replicas,
+    return render(
+        TEMPLATES / "gemmaserve.rules.yml.j2", replicas=serving.replicas,
         kv_cache_threshold=_setting(settings, "monitoring_kv_cache_threshold"),
         queue_for=_setting(settings, "monitoring_queue_for"), down_for=_setting(settings, "monitoring_down_for"),
     )
@@ -76,17 +69,15 @@ def prometheus_args(settings: Mapping[str, Any] = DEFAULTS) -> str:
 def monitoring(serving: Plan) -> None:
     settings = host.data.dict()
     # Debian's package brings promtool; recommends (node exporter, web assets) are not needed.
-    apt.packages(name="Install Prometheus", packages=["prometheus"], no_recommends=True)
-    files.directory(name=f"Create {RULES_DIR}", path=RULES_DIR, mode="0755")
+    packages(name="Install Prometheus", packages=["prometheus"])
+    now = Snapshot(paths=[RULES_DIR, f"{RULES}.gemmaserve", f"{CONFIG}.gemmaserve", ARGS_FILE],
+                   units=["prometheus.service"])
+    now.directory(name=f"Create {RULES_DIR}", path=RULES_DIR, mode="0755")
     # Staged next to the live files; `promtool` checks them before they replace the live ones.
-    staged_rules = files.put(
-        name="Render the alert rules", src=StringIO(alert_rules(serving, settings)),
-        dest=f"{RULES}.gemmaserve", mode="0644",
-    )
-    staged_config = files.put(
-        name="Render the Prometheus config", src=StringIO(prometheus_config(serving, settings, host.name)),
-        dest=f"{CONFIG}.gemmaserve", mode="0644",
-    )
+    staged_rules = now.put(name="Render the alert rules", content=alert_rules(serving, settings),
+                           dest=f"{RULES}.gemmaserve")
+    staged_config = now.put(name="Render the Prometheus config", content=prometheus_config(serving, settings, host.name),
+                            dest=f"{CONFIG}.gemmaserve")
     staged = lambda: staged_rules.did_change() or staged_config.did_change()  # noqa: E731
     server.shell(
         name="Validate the Prometheus config and rules (promtool) and install them",
@@ -94,10 +85,9 @@ def monitoring(serving: Plan) -> None:
                   f" && cp {RULES}.gemmaserve {RULES} && cp {CONFIG}.gemmaserve {CONFIG}"],
         _if=staged,
     )
-    args = files.put(name="Configure Prometheus's flags", src=StringIO(prometheus_args(settings)),
-                     dest=ARGS_FILE, mode="0644")
+    args = now.put(name="Configure Prometheus's flags", content=prometheus_args(settings), dest=ARGS_FILE)
     systemd.service(name="Restart Prometheus for new flags", service="prometheus", running=True, enabled=True,
                     restarted=True, _if=args.did_change)
     systemd.service(name="Reload Prometheus", service="prometheus", running=True, enabled=True, reloaded=True,
                     _if=staged)
-    systemd.service(name="Keep Prometheus running", service="prometheus", running=True, enabled=True)
+    now.service(name="Keep Prometheus running", service="prometheus.service", running=True, enabled=True)

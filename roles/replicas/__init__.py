@@ -10,13 +10,11 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.files import Sha256File
 from pyinfra.facts.server import Command
 from pyinfra.operations import files, server, systemd
 
-from roles import jinja_options
-
 from gemmaserve.plan import STATE_DIR, Plan, ReplicaPlan
+from roles.batch import UNCHANGED, Snapshot, render
 from roles.vllm import ARGCHECK, LIB_DIR
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -116,39 +114,42 @@ def unit_context(serving: Plan, data) -> dict:
 
 @deploy("Run vLLM replicas", data_defaults=DEFAULTS)
 def replicas(serving: Plan) -> None:
-    unit = files.template(jinja_env_kwargs=jinja_options(), name="Install the vllm@.service template",
-                          src=str(TEMPLATES / "vllm@.service.j2"), dest="/etc/systemd/system/vllm@.service",
-                          mode="0644", **unit_context(serving, host.data))
-    target = files.template(
-        jinja_env_kwargs=jinja_options(), name="Install gemmaserve.target", src=str(TEMPLATES / "gemmaserve.target.j2"),
-        dest="/etc/systemd/system/gemmaserve.target", mode="0644", replicas=serving.replicas,
-    )
+    unit_path, target_path = "/etc/systemd/system/vllm@.service", "/etc/systemd/system/gemmaserve.target"
+    names = [f"vllm@{r.index}.service" for r in serving.replicas]
+    now = Snapshot(paths=[unit_path, target_path, *(env_path(r) for r in serving.replicas)],
+                   units=["gemmaserve.target", *names])
+    unit = now.put(name="Install the vllm@.service template", dest=unit_path,
+                   content=render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, host.data)))
+    target = now.put(name="Install gemmaserve.target", dest=target_path,
+                     content=render(TEMPLATES / "gemmaserve.target.j2", replicas=serving.replicas))
     systemd.daemon_reload(name="Reload systemd units", _if=lambda: unit.did_change() or target.did_change())
     # Enabled, not started here: at boot the target starts every replica; during a deploy replicas are
     # (re)started one at a time below so at most one is down.
-    systemd.service(name="Enable gemmaserve.target", service="gemmaserve.target", enabled=True, running=None)
+    now.service(name="Enable gemmaserve.target", service="gemmaserve.target", enabled=True, running=None)
     _remove_extra_replicas(serving)
-    for replica in serving.replicas:
-        name = f"vllm@{replica.index}.service"
-        env_installed = _install_checked_env(serving, replica)
-        changed = _changed(unit, *([env_installed] if env_installed else []))
+    for replica, name in zip(serving.replicas, names):
+        env_installed = _install_checked_env(serving, replica, now)
+        changed = _changed(unit, env_installed)
         # Rolling restart: no new requests for this replica, its running ones finish, then it restarts;
         # the others keep serving (see gemmaserve/haproxy_admin.py).
         admin = f"python3 {LIB_DIR}/haproxy_admin.py"
         server.shell(name=f"Drain replica {replica.index} in HAProxy", _if=changed,
                      commands=[f"{admin} drain vllm/replica{replica.index} --timeout {host.data.replicas_drain_timeout}"])
         # A replica that crash-looped sits in start-limit-hit until its failed state is cleared.
-        failed = (host.get_fact(Command, f"systemctl is-failed {name} || true") or "").strip() == "failed"
         server.shell(name=f"Clear {name}'s failed state", commands=[f"systemctl reset-failed {name}"],
-                     _if=(lambda: True) if failed else changed)
+                     _if=(lambda: True) if now.is_failed(name) else changed)
         restarted = systemd.service(
             name=f"Start or restart {name} (its unit or environment changed)", service=name,
             running=True, restarted=True, _if=changed,
         )
-        started = systemd.service(name=f"Enable {name} and keep it running", service=name, enabled=True, running=True)
+        started = now.service(name=f"Enable {name} and keep it running", service=name, enabled=True, running=True)
         _wait_healthy(serving, replica, _if=_changed(restarted, started))
         server.shell(name=f"Return replica {replica.index} to HAProxy", _if=changed,
                      commands=[f"{admin} ready vllm/replica{replica.index} --timeout 120"])
+
+
+def env_path(replica: ReplicaPlan) -> str:
+    return f"/etc/gemmaserve/replica-{replica.index}.env"
 
 
 def _remove_extra_replicas(serving: Plan) -> None:
@@ -161,16 +162,20 @@ def _remove_extra_replicas(serving: Plan) -> None:
         files.file(name=f"Remove replica {index}'s environment", path=f"/etc/gemmaserve/replica-{index}.env", present=False)
 
 
-def _install_checked_env(serving: Plan, replica: ReplicaPlan):
+def _install_checked_env(serving: Plan, replica: ReplicaPlan, now: Snapshot):
     """Stage replica-N.env, check its argv with vLLM's own parser exactly as systemd will expand it
     (systemd-run with the same EnvironmentFile and $VLLM_ARGS), and only then install it.
 
-    Returns the installing operation, or None when the live file is already what the plan says.
+    Returns the installing operation, or UNCHANGED when the live file is already what the plan says.
     """
     content = render_env(serving, replica)
-    live = f"/etc/gemmaserve/replica-{replica.index}.env"
-    if host.get_fact(Sha256File, path=live) == hashlib.sha256(content.encode()).hexdigest():
-        return None
+    live = env_path(replica)
+    state = now.paths.get(live)
+    if state and state.kind == "file" and state.sha1 == hashlib.sha1(content.encode()).hexdigest():
+        if (state.user, state.group, state.mode) != ("root", "gemmaserve", 0o640):
+            # Same flags, wrong owner or mode: mend them; the replica need not restart.
+            files.file(name=f"Fix the owner and mode of {live}", path=live, user="root", group="gemmaserve", mode="0640")
+        return UNCHANGED
     pending = f"{live}.pending"
     files.put(name=f"Stage replica {replica.index}'s environment", src=StringIO(content), dest=pending,
               user="root", group="gemmaserve", mode="0640")

@@ -6,11 +6,10 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import apt, files, server, systemd
-
-from roles import jinja_options
+from pyinfra.operations import server, systemd
 
 from gemmaserve.plan import Plan
+from roles.batch import Snapshot, packages, render
 
 TEMPLATES = Path(__file__).parent / "templates"
 CONFIG = "/etc/haproxy/haproxy.cfg"
@@ -24,15 +23,14 @@ DEFAULTS = {
 
 @deploy("Route with HAProxy", data_defaults=DEFAULTS)
 def router(serving: Plan) -> None:
-    apt.packages(name="Install HAProxy", packages=["haproxy"], no_recommends=True)
+    packages(name="Install HAProxy", packages=["haproxy"])
     address = serving.spec.serving.bind_address
-    staged = files.template(
-        jinja_env_kwargs=jinja_options(),
-        name="Render the HAProxy config",
-        src=str(TEMPLATES / "haproxy.cfg.j2"), dest=f"{CONFIG}.gemmaserve", mode="0644",
-        bind=host.data.router_bind, port=serving.router_port, stats_port=host.data.router_stats_port,
-        stream_timeout=host.data.router_stream_timeout, replicas=serving.replicas,
-        address="127.0.0.1" if address == "0.0.0.0" else address,
+    now = Snapshot(paths=[f"{CONFIG}.gemmaserve"], units=["haproxy.service"])
+    staged = now.put(
+        name="Render the HAProxy config", dest=f"{CONFIG}.gemmaserve",
+        content=render(TEMPLATES / "haproxy.cfg.j2", bind=host.data.router_bind, port=serving.router_port,
+                       stats_port=host.data.router_stats_port, stream_timeout=host.data.router_stream_timeout,
+                       replicas=serving.replicas, address="127.0.0.1" if address == "0.0.0.0" else address),
     )
     server.shell(
         name="Validate the HAProxy config (haproxy -c) and install it",
@@ -41,4 +39,4 @@ def router(serving: Plan) -> None:
     )
     systemd.service(name="Reload HAProxy", service="haproxy", running=True, enabled=True, reloaded=True,
                     _if=staged.did_change)
-    systemd.service(name="Keep HAProxy running", service="haproxy", enabled=True, running=True)
+    now.service(name="Keep HAProxy running", service="haproxy.service", enabled=True, running=True)

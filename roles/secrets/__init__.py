@@ -11,9 +11,8 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
-from roles import jinja_options
-
 from gemmaserve.plan import TOKEN_RUNTIME_PATH, Plan
+from roles.batch import Snapshot, render
 from roles.vllm import LIB_DIR, PACKAGE_DIR
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -53,13 +52,10 @@ def _file_source(path: str) -> None:
 
 
 def _secret_manager_source(secret: str) -> None:
-    script = f"{LIB_DIR}/hf_token.py"
-    files.put(name="Install the Secret Manager token fetcher", src=str(PACKAGE_DIR / "hf_token.py"), dest=script,
-              mode="0644")
-    unit = files.template(
-        jinja_env_kwargs=jinja_options(),
-        name=f"Install {FETCH_UNIT}", src=str(TEMPLATES / f"{FETCH_UNIT}.j2"), dest=f"/etc/systemd/system/{FETCH_UNIT}",
-        mode="0644", script=script, secret=secret, out=TOKEN_RUNTIME_PATH,
-    )
+    script, unit_path = f"{LIB_DIR}/hf_token.py", f"/etc/systemd/system/{FETCH_UNIT}"
+    now = Snapshot(paths=[script, unit_path])
+    now.put(name="Install the Secret Manager token fetcher", content=PACKAGE_DIR / "hf_token.py", dest=script)
+    unit = now.put(name=f"Install {FETCH_UNIT}", dest=unit_path,
+                   content=render(TEMPLATES / f"{FETCH_UNIT}.j2", script=script, secret=secret, out=TOKEN_RUNTIME_PATH))
     systemd.service(name=f"Enable {FETCH_UNIT}", service=FETCH_UNIT, enabled=True, running=None,
                     daemon_reload=True, _if=unit.did_change)

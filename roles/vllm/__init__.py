@@ -11,6 +11,7 @@ from pyinfra.facts.server import Command
 from pyinfra.operations import files, server
 
 from gemmaserve.plan import CHAT_TEMPLATE_PATH, VENV_ROOT, Plan
+from roles.batch import Snapshot, packages
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "gemmaserve"
 LIB_DIR = "/opt/gemmaserve/lib"
@@ -44,22 +45,27 @@ def installed_vllm_version(venv: str) -> str | None:
 @deploy("Install vLLM", data_defaults=DEFAULTS)
 def vllm(serving: Plan) -> None:
     engine = serving.engine
-    files.directory(name="Create the gemmaserve library directory", path=LIB_DIR, mode="0755")
-    for module in ("vllm_cpu.py", "vllm_argcheck.py", "haproxy_admin.py"):
-        files.put(name=f"Install {module}", src=str(PACKAGE_DIR / module), dest=f"{LIB_DIR}/{module}", mode="0644")
+    modules = ("vllm_cpu.py", "vllm_argcheck.py", "haproxy_admin.py")
+    now = Snapshot(paths=[LIB_DIR, *(f"{LIB_DIR}/{m}" for m in modules), CHAT_TEMPLATE_PATH])
+    now.directory(name="Create the gemmaserve library directory", path=LIB_DIR, mode="0755")
+    for module in modules:
+        now.put(name=f"Install {module}", content=PACKAGE_DIR / module, dest=f"{LIB_DIR}/{module}")
+    if engine.package == "vllm-cpu" and any("--enforce-eager" not in r.argv for r in serving.replicas):
+        # torch.compile's CPU backend (inductor) builds C++ kernels that include Python.h.
+        packages(name="Install g++ and Python headers for torch.compile on CPU", packages=["g++", "python3-dev"])
     if engine.kind == "wheel":
         _install_wheel(serving)
     else:
         _pull_image(serving)
-    _install_chat_template(serving)
+    _install_chat_template(serving, now)
 
 
-def _install_chat_template(serving: Plan) -> None:
+def _install_chat_template(serving: Plan, now: Snapshot) -> None:
     if not any("--chat-template" in r.argv for r in serving.replicas):
         return
     source = host.data.vllm_chat_template_src
     if source:
-        files.put(name="Install the Gemma 4 tool chat template", src=str(source), dest=CHAT_TEMPLATE_PATH, mode="0644")
+        now.put(name="Install the Gemma 4 tool chat template", content=Path(source), dest=CHAT_TEMPLATE_PATH)
     else:
         files.download(
             name=f"Install vLLM {serving.engine.version}'s Gemma 4 tool chat template",

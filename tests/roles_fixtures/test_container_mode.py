@@ -5,21 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jinja2
 import pytest
 
 from gemmaserve.plan import plan
 from gemmaserve.spec import parse_spec
 from gemmaserve.stack import load_stack_spec
-from roles import jinja_options
+from roles.batch import render as render_template
 from roles.replicas import TEMPLATES, argcheck_command, unit_context
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def render(serving) -> str:
-    template = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, **jinja_options())
-    return template.from_string((TEMPLATES / "vllm@.service.j2").read_text()).render(**unit_context(serving, {}))
+    return render_template(TEMPLATES / "vllm@.service.j2", **unit_context(serving, {}))
 
 
 def exec_start(unit: str) -> str:

@@ -147,6 +147,15 @@ def test_cpu_profile_sizes_kv_from_env_not_utilization():
     assert any("TEST model" in w for w in result.warnings)
 
 
+@pytest.mark.parametrize("eager, aot", [(False, "0"), (True, None)])
+def test_cpu_compile_turns_off_vllms_aot_artifacts(eager, aot):
+    """vLLM 0.32 on CPU cannot reload its AOT artifacts; compiled CPU replicas use inductor's cache."""
+    spec = {"model": "tiny", "accelerator": {"kind": "cpu"}, "workload": {"enforce_eager": eager}}
+    assert planned(spec).replicas[0].env.get("VLLM_USE_AOT_COMPILE") == aot
+    gpu = planned({"model": "e2b", "accelerator": {"kind": "l4"}}).replicas[0].env
+    assert "VLLM_USE_AOT_COMPILE" not in gpu
+
+
 def test_vision_budget_above_default_resizes_tower():
     argv = planned({"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2},
                     "workload": {"vision_token_budget": 1120}}).replicas[0].argv
