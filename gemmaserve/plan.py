@@ -393,6 +393,8 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
         env[acc.visible_devices_env] = ",".join(map(str, devices))
     if acc.is_cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{wl.cpu_kv_cache_gib:g}"
+        if wl.cpu_threads_bind != "auto":
+            env["VLLM_CPU_OMP_THREADS_BIND"] = wl.cpu_threads_bind
         env["XDG_CACHE_HOME"] = f"{cache}/xdg"
         env["TMPDIR"] = f"{cache}/tmp"
         if not wl.enforce_eager:
@@ -434,6 +436,9 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
         result.warnings.append(f"{model.hf_id} is a randomly initialised TEST model; production specs name real checkpoints")
     if acc.is_gpu and acc.interconnect == "pcie" and tp > 2:
         result.warnings.append(f"TP{tp} over PCIe adds synchronisation overhead; seed 02 prefers TP2 replicas unless long context needs more")
+    if acc.is_cpu and replicas > 1 and spec.workload.cpu_threads_bind == "auto":
+        result.warnings.append(f"{replicas} CPU replicas with cpu_threads_bind=auto: vLLM pins every one of them to "
+                               "the same first cores; set cpu_threads_bind (\"nobind\" or a core list) or run one replica")
     if count - replicas * tp > 0 and not acc.is_cpu:
         result.warnings.append(f"{count - replicas * tp} of {count} devices stay idle")
     key = cache_key(spec, tp)

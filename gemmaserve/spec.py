@@ -125,7 +125,19 @@ class Workload(_Strict):
     enforce_eager: bool = False
     # vLLM parses VLLM_CPU_KVCACHE_SPACE as a whole number of GiB.
     cpu_kv_cache_gib: int = Field(1, ge=1, le=64, description="VLLM_CPU_KVCACHE_SPACE for the cpu profile.")
+    # vLLM's CPU backend pins each replica's OpenMP threads. "auto" picks the first cores of a NUMA node,
+    # the same ones for every replica on a host; "nobind" leaves placement to the kernel; "0-3|4-7"
+    # gives each tensor-parallel rank its own cores.
+    cpu_threads_bind: str = Field("auto", description="VLLM_CPU_OMP_THREADS_BIND for the cpu profile.")
     extra_args: tuple[str, ...] = Field((), description="More vLLM flags, checked by vLLM's own parser.")
+
+    @field_validator("cpu_threads_bind")
+    @classmethod
+    def _bind(cls, value: str) -> str:
+        cores = r"\d+(-\d+)?(,\d+(-\d+)?)*"
+        if value in ("auto", "nobind") or re.fullmatch(rf"{cores}(\|{cores})*", value):
+            return value
+        raise ValueError("allowed: 'auto', 'nobind', or core lists per rank such as '0-3' or '0-3|4-7'")
 
     @field_validator("extra_args")
     @classmethod

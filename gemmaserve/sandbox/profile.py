@@ -23,6 +23,9 @@ DEFAULT_DATA: dict[str, Any] = {
         # Eager mode starts in ~35 s instead of ~80 s on two cores; the tiny model gains nothing from compiling.
         "enforce_eager": True,
         "cpu_kv_cache_gib": 1,
+        # Sandbox hosts share this machine's cores with each other: vLLM's auto binding would pin every
+        # replica of every host to core 0 and leave the others idle.
+        "cpu_threads_bind": "nobind",
         "limit_mm_per_prompt": {"image": 1, "video": 0},
     },
     # The test model ships its own Gemma 4-format tool template; real hosts fetch vLLM's at the pinned tag.

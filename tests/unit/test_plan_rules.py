@@ -156,6 +156,17 @@ def test_cpu_compile_turns_off_vllms_aot_artifacts(eager, aot):
     assert "VLLM_USE_AOT_COMPILE" not in gpu
 
 
+def test_cpu_thread_binding_reaches_the_environment_and_auto_on_many_replicas_warns():
+    auto = planned({"model": "tiny", "accelerator": {"kind": "cpu", "count": 2}})
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in auto.replicas[0].env
+    assert any("cpu_threads_bind=auto" in w for w in auto.warnings)
+    pinned = planned({"model": "tiny", "accelerator": {"kind": "cpu", "count": 2}, "workload": {"cpu_threads_bind": "nobind"}})
+    assert [r.env["VLLM_CPU_OMP_THREADS_BIND"] for r in pinned.replicas] == ["nobind", "nobind"]
+    assert not any("cpu_threads_bind" in w for w in pinned.warnings)
+    single = planned({"model": "tiny", "accelerator": {"kind": "cpu"}})
+    assert not any("cpu_threads_bind" in w for w in single.warnings)
+
+
 def test_vision_budget_above_default_resizes_tower():
     argv = planned({"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2},
                     "workload": {"vision_token_budget": 1120}}).replicas[0].argv

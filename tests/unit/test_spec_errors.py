@@ -55,6 +55,7 @@ BAD = [
     (with_("workload.block_size", 12), "workload.block_size", "12", "16"),
     (with_("workload.limit_mm_per_prompt", {"image": -1}), "workload.limit_mm_per_prompt.image", "-1", "greater than or equal to 0"),
     (with_("workload.limit_mm_per_prompt", {"images": 2}), "workload.limit_mm_per_prompt.images", "", "image, audio, video"),
+    (with_("workload.cpu_threads_bind", "all cores"), "workload.cpu_threads_bind", "all cores", "'0-3|4-7'"),
     (with_("workload.extra_args", ["gpu-memory-utilization"]), "workload.extra_args", "gpu-memory-utilization", "--flag"),
     (with_("engine.kind", "docker"), "engine.kind", "docker", "'wheel' or 'container'"),
     (with_("engine.vllm_version", "latest"), "engine.vllm_version", "latest", "exact release"),
