@@ -75,9 +75,14 @@ def _first_token_after(host: state.Host, restart: str, log: Log, timeout: float 
                 req = urllib.request.Request(f"{base}/chat/completions", data=payload,
                                              headers={"Content-Type": "application/json"})
                 with opener.open(req, timeout=60) as response:
+                    first = None
                     for line in response:
-                        if b'"content"' in line:
-                            return time.monotonic() - started
+                        if first is None and b'"content"' in line:
+                            first = time.monotonic() - started
+                    # Read to the end: a stream left open when the next restart stops vLLM holds
+                    # its HTTP server (and the restart) until systemd's stop timeout.
+                    if first is not None:
+                        return first
         except (EndpointError, OSError):
             pass
         time.sleep(0.5)
