@@ -44,9 +44,13 @@ def kernels(remote, key: str) -> dict[str, float]:
 
 
 def restart_and_wait(remote, command: str) -> None:
+    """Run `command`, wait for the new vLLM's /health, then until HAProxy routes to it again."""
     assert remote.run(command).rc == 0
     wait_until(lambda: remote.run("curl -fsS -o /dev/null http://127.0.0.1:8000/health").rc == 0, 600,
                "the compiled replica to report healthy")
+    status = "python3 /opt/gemmaserve/lib/haproxy_admin.py status vllm"
+    wait_until(lambda: json.loads(remote.run(status).stdout or "{}") == {"replica0": "UP"}, 600,
+               "HAProxy to route to the compiled replica again")
 
 
 def chat(host, model: str) -> str:

@@ -85,6 +85,28 @@ def test_second_deploy_reports_no_changes(deployed):
     assert grand_total(result.stdout)[1] == 0
 
 
+def test_drift_is_mended_and_the_replica_keeps_running(deployed, sandbox_host):
+    """What the one-question-per-role snapshot must notice: a changed config, a wrong owner or mode,
+    a stopped or disabled unit. An env file with the right flags but the wrong owner is mended
+    without restarting its replica."""
+    host, _ = deployed
+    started = sandbox_host.run("systemctl show -p ActiveEnterTimestampMonotonic --value vllm@0").stdout.strip()
+    drift = ("echo '# drift' >> /etc/haproxy/haproxy.cfg.gemmaserve && chmod 0755 /etc/gemmaserve"
+             " && chown root:root /etc/gemmaserve/replica-0.env && systemctl stop prometheus"
+             " && systemctl disable --quiet gemmaserve-cache-save.timer")
+    assert sandbox_host.run(drift).rc == 0
+    result, _ = run_deploy(host.name)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert sandbox_host.file("/etc/gemmaserve").mode == 0o750
+    env = sandbox_host.file("/etc/gemmaserve/replica-0.env")
+    assert (env.user, env.group, env.mode) == ("root", "gemmaserve", 0o640)
+    assert "# drift" not in sandbox_host.file("/etc/haproxy/haproxy.cfg.gemmaserve").content_string
+    assert sandbox_host.service("prometheus").is_running
+    assert sandbox_host.service("gemmaserve-cache-save.timer").is_enabled
+    assert sandbox_host.run("systemctl show -p ActiveEnterTimestampMonotonic --value vllm@0").stdout.strip() == started
+    assert grand_total(run_deploy(host.name)[0].stdout)[1] == 0
+
+
 def test_model_list(client, sandbox_plan):
     assert [m.id for m in client.models.list().data] == [sandbox_plan.model.hf_id]
 
