@@ -35,9 +35,13 @@ def command(line: str, path: str = SOCKET) -> str:
     return b"".join(chunks).decode()
 
 
+def stat_rows(path: str = SOCKET) -> list[dict[str, str]]:
+    """`show stat` as one dict per proxy/server row (its CSV header starts with "# ")."""
+    return list(csv.DictReader(io.StringIO(command("show stat", path).lstrip("# "))))
+
+
 def server_stats(backend: str, server: str, path: str = SOCKET) -> dict[str, str] | None:
-    rows = csv.DictReader(io.StringIO(command("show stat", path).lstrip("# ")))
-    return next((row for row in rows if row["pxname"] == backend and row["svname"] == server), None)
+    return next((row for row in stat_rows(path) if row["pxname"] == backend and row["svname"] == server), None)
 
 
 def _wait(predicate, timeout: float, what: str) -> None:
@@ -76,8 +80,8 @@ def ready(name: str, timeout: float, path: str = SOCKET) -> None:
 
 
 def backend_status(backend: str, path: str = SOCKET) -> dict[str, str]:
-    rows = csv.DictReader(io.StringIO(command("show stat", path).lstrip("# ")))
-    return {row["svname"]: row["status"] for row in rows if row["pxname"] == backend and row["svname"] not in ("FRONTEND", "BACKEND")}
+    return {row["svname"]: row["status"] for row in stat_rows(path)
+            if row["pxname"] == backend and row["svname"] not in ("FRONTEND", "BACKEND")}
 
 
 def main(argv: list[str]) -> int:

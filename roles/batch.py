@@ -35,7 +35,7 @@ UNCHANGED = _Unchanged()
 
 @dataclass(frozen=True)
 class PathState:
-    kind: str  # "file", "directory" or "absent"
+    kind: str  # "file", "directory", "absent", or "unknown" when the answer could not be read
     user: str = ""
     group: str = ""
     mode: int = 0
@@ -107,11 +107,11 @@ class Snapshot:
         self.paths = dict(zip(paths, path_states))
         self.units = host.get_fact(UnitStates, units=units) if units else {}
 
-    def _matches(self, path: str, kind: str, user: str, group: str, mode: str | None) -> PathState | None:
+    def _matches(self, path: str, kind: str, user: str, group: str, mode: str) -> PathState | None:
         state = self.paths.get(path)
-        if not state or state.kind != kind or state.user != user or state.group != group:
+        if not state or (state.kind, state.user, state.group, state.mode) != (kind, user, group, int(mode, 8)):
             return None
-        return state if mode is None or state.mode == int(mode, 8) else None
+        return state
 
     def put(self, *, name: str, dest: str, content: str | bytes | Path, user: str = "root", group: str = "root",
             mode: str = "0644") -> Any:

@@ -37,8 +37,7 @@ def measure(cold: bool = False, log: Log = print) -> dict[str, float]:
     figures["rootfs_unpack_cached_s"] = time.monotonic() - started
     hosts.remove_tree(scratch)
 
-    taken = {h.name for h in state.load_state().hosts}
-    index = next(i for i in range(101, 255) if state.host_name(i) not in taken)
+    [index] = state.free_indices(1)
     [host] = hosts.up_hosts([index], log=log)
     try:
         timings = hosts.UP_TIMINGS[host.name]
@@ -128,8 +127,7 @@ def measure_deploy(log: Log = print) -> dict[str, float]:
 
     ensure_engine_and_model()
     figures: dict[str, float] = {}
-    taken = {h.name for h in state.load_state().hosts}
-    index = next(i for i in range(101, 255) if state.host_name(i) not in taken)
+    [index] = state.free_indices(1)
     started = time.monotonic()
     [host] = hosts.up_hosts([index], log=log)
     figures["host_up_s"] = time.monotonic() - started
@@ -165,8 +163,7 @@ def measure_fleet(size: int = 4, log: Log = print) -> dict[str, float]:
     from gemmaserve.demo import ensure_engine_and_model
 
     ensure_engine_and_model()
-    taken = {h.name for h in state.load_state().hosts}
-    indices = [i for i in range(101, 255) if state.host_name(i) not in taken][: size + 1]
+    indices = state.free_indices(size + 1)
     hosts.up_hosts(indices, log=log)
     names = [state.host_name(i) for i in indices]
     cores = os.cpu_count() or 1

@@ -59,6 +59,16 @@ def host_name(index: int) -> str:
     return f"sandbox-{index}"
 
 
+def free_indices(count: int, start: int = 101) -> list[int]:
+    """The first `count` host indices from `start` that no recorded host uses (throwaway hosts for
+    benches and tests start at 101, clear of sandbox-1..N)."""
+    taken = {h.name for h in load_state().hosts}
+    free = [i for i in range(start, 255) if host_name(i) not in taken][:count]
+    if len(free) < count:
+        raise RuntimeError(f"no {count} free sandbox host indices from {start} (at most 254)")
+    return free
+
+
 def new_host(index: int) -> Host:
     name = host_name(index)
     return Host(

@@ -116,7 +116,7 @@ def unit_context(serving: Plan, data) -> dict:
 def replicas(serving: Plan) -> None:
     unit_path, target_path = "/etc/systemd/system/vllm@.service", "/etc/systemd/system/gemmaserve.target"
     names = [f"vllm@{r.index}.service" for r in serving.replicas]
-    now = Snapshot(paths=[unit_path, target_path, *(env_path(r) for r in serving.replicas)],
+    now = Snapshot(paths=[unit_path, target_path, *(env_path(r.index) for r in serving.replicas)],
                    units=["gemmaserve.target", *names])
     unit = now.put(name="Install the vllm@.service template", dest=unit_path,
                    content=render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, host.data)))
@@ -148,8 +148,8 @@ def replicas(serving: Plan) -> None:
                      commands=[f"{admin} ready vllm/replica{replica.index} --timeout 120"])
 
 
-def env_path(replica: ReplicaPlan) -> str:
-    return f"/etc/gemmaserve/replica-{replica.index}.env"
+def env_path(index: int) -> str:
+    return f"/etc/gemmaserve/replica-{index}.env"
 
 
 def _remove_extra_replicas(serving: Plan) -> None:
@@ -159,7 +159,7 @@ def _remove_extra_replicas(serving: Plan) -> None:
     for index in sorted(int(i) for i in listed.split() if i.isdigit() and int(i) not in wanted):
         systemd.service(name=f"Stop and disable vllm@{index}.service (no longer planned)", service=f"vllm@{index}.service",
                         running=False, enabled=False)
-        files.file(name=f"Remove replica {index}'s environment", path=f"/etc/gemmaserve/replica-{index}.env", present=False)
+        files.file(name=f"Remove replica {index}'s environment", path=env_path(index), present=False)
 
 
 def _install_checked_env(serving: Plan, replica: ReplicaPlan, now: Snapshot):
@@ -169,7 +169,7 @@ def _install_checked_env(serving: Plan, replica: ReplicaPlan, now: Snapshot):
     Returns the installing operation, or UNCHANGED when the live file is already what the plan says.
     """
     content = render_env(serving, replica)
-    live = env_path(replica)
+    live = env_path(replica.index)
     state = now.paths.get(live)
     if state and state.kind == "file" and state.sha1 == hashlib.sha1(content.encode()).hexdigest():
         if (state.user, state.group, state.mode) != ("root", "gemmaserve", 0o640):

@@ -137,7 +137,6 @@ def sandbox_host(sandbox_hosts: list[state.Host], sandbox_ssh_config: str):
 @pytest.fixture(scope="module")
 def fresh_sandbox_host(request: pytest.FixtureRequest, sandbox_ready: None) -> Iterator[state.Host]:
     """A host of its own (first free index from 101), for tests that take it down themselves."""
-    taken = {h.name for h in state.load_state().hosts}
-    index = next(i for i in range(101, 255) if state.host_name(i) not in taken)
+    [index] = state.free_indices(1)
     [host] = bring_up([index], request)
     yield host

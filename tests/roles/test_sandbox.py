@@ -99,8 +99,7 @@ def test_down_of_last_host_restores_ip_forward(torn_down: TornDown) -> None:
 def test_down_keeps_nat_while_another_host_is_up(request: pytest.FixtureRequest, sandbox_ready: None) -> None:
     from tests.roles.conftest import bring_up
 
-    taken = {h.name for h in state.load_state().hosts}
-    first, second = [i for i in range(101, 255) if state.host_name(i) not in taken][:2]
+    first, second = state.free_indices(2)
     bring_up([first, second], request)
     hosts.down([state.host_name(first)])
     assert hosts.nft_table_exists()
