@@ -18,10 +18,24 @@ PROFILES = {"prompt-heavy": (8000, 1000), "decode-heavy": (1000, 8000), "balance
 # Seed 01: batch sizes 1, 16, 32, 64, 128, 256.
 DEFAULT_CONCURRENCY = (1, 16, 32, 64, 128, 256)
 RESULT_DIR = "/tmp/gemmaserve-bench"
-FIELDS = ("request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
-          "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "completed", "failed")
-SPEC_METRICS = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
-                "vllm:spec_decode_num_drafts_total")
+FIELDS = (
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "completed",
+    "failed",
+)
+SPEC_METRICS = (
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_drafts_total",
+)
 
 
 @dataclass(frozen=True)
@@ -44,16 +58,47 @@ def bench_command(serving: Plan, profile: str, input_len: int, output_len: int, 
     if serving.engine.kind == "wheel":
         vllm = f"{serving.engine.vllm_executable}"
     else:
-        vllm = (f"docker run --rm --network=host -v {HF_HOME}:{HF_HOME} -v {RESULT_DIR}:{RESULT_DIR} "
-                f"-e HF_HOME={HF_HOME} --entrypoint vllm {serving.engine.image}")
+        vllm = (
+            f"docker run --rm --network=host -v {HF_HOME}:{HF_HOME} -v {RESULT_DIR}:{RESULT_DIR} "
+            f"-e HF_HOME={HF_HOME} --entrypoint vllm {serving.engine.image}"
+        )
     env = f"HF_HOME={HF_HOME} " + ("HF_HUB_OFFLINE=1 " if model.is_test_model else "")
     args = [
-        "bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
-        "--base-url", f"http://127.0.0.1:{serving.router_port}", "--model", model.hf_id, "--tokenizer", tokenizer,
-        "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-        "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf", "--ignore-eos",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--disable-tqdm",
-        "--save-result", "--result-dir", RESULT_DIR, "--result-filename", f"{profile}-c{concurrency}.json",
+        "bench",
+        "serve",
+        "--backend",
+        "openai-chat",
+        "--endpoint",
+        "/v1/chat/completions",
+        "--base-url",
+        f"http://127.0.0.1:{serving.router_port}",
+        "--model",
+        model.hf_id,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--num-prompts",
+        str(prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        RESULT_DIR,
+        "--result-filename",
+        f"{profile}-c{concurrency}.json",
     ]
     return f"mkdir -p {RESULT_DIR} && {env}{vllm} {shlex.join(args)} >/dev/null 2>{RESULT_DIR}/{profile}-c{concurrency}.log"
 
@@ -64,8 +109,9 @@ def _spec_counters(target, serving: Plan) -> dict[str, float]:
     return {m: sums.get(m, 0.0) for m in SPEC_METRICS}
 
 
-def run(inventory: str, profiles: list[str], concurrency: list[int], scale: float, prompts_per_level: int,
-        log=print) -> list[Point]:
+def run(
+    inventory: str, profiles: list[str], concurrency: list[int], scale: float, prompts_per_level: int, log=print
+) -> list[Point]:
     points: list[Point] = []
     for name, data in inventory_hosts(inventory):
         serving = plan(spec_from_host_data(data, name)).require_ok()
@@ -91,8 +137,18 @@ def run(inventory: str, profiles: list[str], concurrency: list[int], scale: floa
                     if drafted:
                         extra["acceptance_rate"] = delta[SPEC_METRICS[0]] / drafted
                         extra["accepted_length"] = 1 + delta[SPEC_METRICS[0]] / drafts if drafts else None
-                points.append(Point(name, profile, level, input_len, output_len, prompts,
-                                    {f: raw[f] for f in FIELDS if f in raw}, **extra))
+                points.append(
+                    Point(
+                        name,
+                        profile,
+                        level,
+                        input_len,
+                        output_len,
+                        prompts,
+                        {f: raw[f] for f in FIELDS if f in raw},
+                        **extra,
+                    )
+                )
     return points
 
 
@@ -113,8 +169,9 @@ def write_plot(points: list[Point], path: Path) -> None:
         label = f"{profile} ({series[0].input_len}/{series[0].output_len}) {host}"
         throughput.plot(x, [p.results.get("output_throughput", 0) for p in series], marker="o", label=label)
         latency.plot(x, [p.results.get("p99_ttft_ms", 0) for p in series], marker="o", label=f"{label} p99 TTFT")
-        latency.plot(x, [p.results.get("p99_tpot_ms", 0) for p in series], marker="x", linestyle="--",
-                     label=f"{label} p99 TPOT")
+        latency.plot(
+            x, [p.results.get("p99_tpot_ms", 0) for p in series], marker="x", linestyle="--", label=f"{label} p99 TPOT"
+        )
     for axis, ylabel in ((throughput, "output tokens/s"), (latency, "ms")):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("concurrency")
@@ -133,14 +190,35 @@ def print_table(points: list[Point]) -> None:
     from rich.table import Table
 
     table = Table(title="gemmaserve bench")
-    for column in ("host", "profile", "conc.", "req/s", "out tok/s", "TTFT mean", "TTFT p99", "TPOT mean",
-                   "TPOT p99", "failed", "MTP accept", "accepted len"):
+    for column in (
+        "host",
+        "profile",
+        "conc.",
+        "req/s",
+        "out tok/s",
+        "TTFT mean",
+        "TTFT p99",
+        "TPOT mean",
+        "TPOT p99",
+        "failed",
+        "MTP accept",
+        "accepted len",
+    ):
         table.add_column(column, justify="right")
     for p in points:
         r = p.results
-        table.add_row(p.host, p.profile, str(p.concurrency), f"{r.get('request_throughput', 0):.2f}",
-                      f"{r.get('output_throughput', 0):.1f}", f"{r.get('mean_ttft_ms', 0):.1f}",
-                      f"{r.get('p99_ttft_ms', 0):.1f}", f"{r.get('mean_tpot_ms', 0):.1f}", f"{r.get('p99_tpot_ms', 0):.1f}",
-                      str(r.get("failed", 0)), "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.0%}",
-                      "-" if p.accepted_length is None else f"{p.accepted_length:.2f}")
+        table.add_row(
+            p.host,
+            p.profile,
+            str(p.concurrency),
+            f"{r.get('request_throughput', 0):.2f}",
+            f"{r.get('output_throughput', 0):.1f}",
+            f"{r.get('mean_ttft_ms', 0):.1f}",
+            f"{r.get('p99_ttft_ms', 0):.1f}",
+            f"{r.get('mean_tpot_ms', 0):.1f}",
+            f"{r.get('p99_tpot_ms', 0):.1f}",
+            str(r.get("failed", 0)),
+            "-" if p.acceptance_rate is None else f"{p.acceptance_rate:.0%}",
+            "-" if p.accepted_length is None else f"{p.accepted_length:.2f}",
+        )
     Console().print(table)

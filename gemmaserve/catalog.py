@@ -49,9 +49,7 @@ class ModelInfo:
 
     @property
     def layer_kinds(self) -> tuple[AttentionKind, ...]:
-        return tuple(
-            "full" if (i + 1) % self.full_every == 0 else "sliding" for i in range(self.num_layers)
-        )
+        return tuple("full" if (i + 1) % self.full_every == 0 else "sliding" for i in range(self.num_layers))
 
     @property
     def kv_layer_kinds(self) -> tuple[AttentionKind, ...]:
@@ -280,76 +278,136 @@ def _a2(prefix: str, counts: tuple[int, ...]) -> tuple[GcpMachineType, ...]:
 #   v2-alpha-tpuv5-lite for v5e, the tpu7x Ironwood runtime) and seed 03 (v6e-4, TP = chip count).
 ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
-        name="a100-40gb", vendor="nvidia", memory_gib=39.39, interconnect="nvswitch",
+        name="a100-40gb",
+        vendor="nvidia",
+        memory_gib=39.39,
+        interconnect="nvswitch",
         max_devices_per_host=16,
         gcp_machine_types=_a2("a2-highgpu", (1, 2, 4, 8)) + (GcpMachineType("a2-megagpu-16g", 16),),
     ),
     Accelerator(
-        name="a100-80gb", vendor="nvidia", memory_gib=79.25, interconnect="nvswitch",
-        max_devices_per_host=8, gcp_machine_types=_a2("a2-ultragpu", (1, 2, 4, 8)),
+        name="a100-80gb",
+        vendor="nvidia",
+        memory_gib=79.25,
+        interconnect="nvswitch",
+        max_devices_per_host=8,
+        gcp_machine_types=_a2("a2-ultragpu", (1, 2, 4, 8)),
     ),
     Accelerator(
-        name="h100-80gb", vendor="nvidia", memory_gib=79.19, interconnect="nvswitch",
+        name="h100-80gb",
+        vendor="nvidia",
+        memory_gib=79.19,
+        interconnect="nvswitch",
         max_devices_per_host=8,
         gcp_machine_types=_a2("a3-highgpu", (1, 2, 4, 8)) + (GcpMachineType("a3-megagpu-8g", 8),),
-        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+        default_max_num_batched_tokens=8192,
+        default_max_num_seqs=1024,
     ),
     Accelerator(
-        name="h200", vendor="nvidia", memory_gib=139.81, interconnect="nvswitch",
-        max_devices_per_host=8, gcp_machine_types=(GcpMachineType("a3-ultragpu-8g", 8),),
-        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+        name="h200",
+        vendor="nvidia",
+        memory_gib=139.81,
+        interconnect="nvswitch",
+        max_devices_per_host=8,
+        gcp_machine_types=(GcpMachineType("a3-ultragpu-8g", 8),),
+        default_max_num_batched_tokens=8192,
+        default_max_num_seqs=1024,
     ),
     Accelerator(
-        name="b200", vendor="nvidia", memory_gib=178.35, interconnect="nvswitch",
-        max_devices_per_host=8, gcp_machine_types=(GcpMachineType("a4-highgpu-8g", 8),),
-        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+        name="b200",
+        vendor="nvidia",
+        memory_gib=178.35,
+        interconnect="nvswitch",
+        max_devices_per_host=8,
+        gcp_machine_types=(GcpMachineType("a4-highgpu-8g", 8),),
+        default_max_num_batched_tokens=8192,
+        default_max_num_seqs=1024,
     ),
     Accelerator(
-        name="rtx-pro-6000", vendor="nvidia", memory_gib=94.97, interconnect="pcie",
+        name="rtx-pro-6000",
+        vendor="nvidia",
+        memory_gib=94.97,
+        interconnect="pcie",
         max_devices_per_host=8,
         gcp_machine_types=tuple(
             GcpMachineType(f"g4-standard-{n}", c) for n, c in ((48, 1), (96, 2), (192, 4), (384, 8))
         ),
-        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+        default_max_num_batched_tokens=8192,
+        default_max_num_seqs=1024,
     ),
     Accelerator(
-        name="l4", vendor="nvidia", memory_gib=22.05, interconnect="pcie", max_devices_per_host=8,
-        gcp_machine_types=tuple(
-            GcpMachineType(f"g2-standard-{n}", c) for n, c in ((8, 1), (24, 2), (48, 4), (96, 8))
-        ),
+        name="l4",
+        vendor="nvidia",
+        memory_gib=22.05,
+        interconnect="pcie",
+        max_devices_per_host=8,
+        gcp_machine_types=tuple(GcpMachineType(f"g2-standard-{n}", c) for n, c in ((8, 1), (24, 2), (48, 4), (96, 8))),
     ),
     Accelerator(
-        name="mi300x", vendor="amd", memory_gib=191.98, interconnect="xgmi", max_devices_per_host=8,
-        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+        name="mi300x",
+        vendor="amd",
+        memory_gib=191.98,
+        interconnect="xgmi",
+        max_devices_per_host=8,
+        default_max_num_batched_tokens=8192,
+        default_max_num_seqs=1024,
     ),
     Accelerator(
-        name="mi325x", vendor="amd", memory_gib=255.98, interconnect="xgmi", max_devices_per_host=8,
-        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+        name="mi325x",
+        vendor="amd",
+        memory_gib=255.98,
+        interconnect="xgmi",
+        max_devices_per_host=8,
+        default_max_num_batched_tokens=8192,
+        default_max_num_seqs=1024,
     ),
     Accelerator(
-        name="mi355x", vendor="amd", memory_gib=287.98, interconnect="xgmi", max_devices_per_host=8,
-        default_max_num_batched_tokens=8192, default_max_num_seqs=1024,
+        name="mi355x",
+        vendor="amd",
+        memory_gib=287.98,
+        interconnect="xgmi",
+        max_devices_per_host=8,
+        default_max_num_batched_tokens=8192,
+        default_max_num_seqs=1024,
     ),
     Accelerator(
-        name="tpu-v5e", vendor="google", memory_gib=15.75, interconnect="ici", max_devices_per_host=8,
+        name="tpu-v5e",
+        vendor="google",
+        memory_gib=15.75,
+        interconnect="ici",
+        max_devices_per_host=8,
         tpu_types=tuple(TpuType(f"v5litepod-{c}", c, "v2-alpha-tpuv5-lite") for c in (1, 4, 8)),
         default_max_num_batched_tokens=512,
     ),
     Accelerator(
-        name="tpu-v6e", vendor="google", memory_gib=31.25, interconnect="ici", max_devices_per_host=8,
+        name="tpu-v6e",
+        vendor="google",
+        memory_gib=31.25,
+        interconnect="ici",
+        max_devices_per_host=8,
         tpu_types=tuple(TpuType(f"v6e-{c}", c, "v2-alpha-tpuv6e") for c in (1, 4, 8)),
         default_max_num_batched_tokens=1024,
     ),
     Accelerator(
         # Ironwood: 192 GB HBM3E per chip; usable share assumed as on v6e (31.25 of 32).
-        name="tpu-v7", vendor="google", memory_gib=187.5, interconnect="ici", max_devices_per_host=8,
+        name="tpu-v7",
+        vendor="google",
+        memory_gib=187.5,
+        interconnect="ici",
+        max_devices_per_host=8,
         tpu_types=tuple(TpuType(f"tpu7x-{c}", c, "v2-alpha-tpu7-ubuntu2404") for c in (4, 8)),
     ),
     Accelerator(
         # The local sandbox: vLLM's CPU build. Its KV cache size is set explicitly
         # (VLLM_CPU_KVCACHE_SPACE), so `memory_gib` is the budget a replica may use, not device HBM.
-        name="cpu", vendor="cpu", memory_gib=8.0, interconnect="none", max_devices_per_host=8,
-        fp8_kv_cache=False, default_max_num_batched_tokens=2048, default_max_num_seqs=128,
+        name="cpu",
+        vendor="cpu",
+        memory_gib=8.0,
+        interconnect="none",
+        max_devices_per_host=8,
+        fp8_kv_cache=False,
+        default_max_num_batched_tokens=2048,
+        default_max_num_seqs=128,
     ),
 )
 

@@ -6,7 +6,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -22,8 +22,13 @@ def _fail(message: str, code: int) -> None:
 
 
 def _overrides(
-    model: str | None, accelerator: str | None, count: int | None, max_model_len: int | None,
-    gpu_memory_utilization: float | None, kv_cache_dtype: str | None, objective: str | None,
+    model: str | None,
+    accelerator: str | None,
+    count: int | None,
+    max_model_len: int | None,
+    gpu_memory_utilization: float | None,
+    kv_cache_dtype: str | None,
+    objective: str | None,
     speculative: str | None,
 ) -> dict[str, Any]:
     """CLI flags as a partial spec; they win over stack config."""
@@ -38,8 +43,12 @@ def _overrides(
     if acc:
         data["accelerator"] = acc
     workload: dict[str, Any] = {}
-    for key, value in (("max_model_len", max_model_len), ("gpu_memory_utilization", gpu_memory_utilization),
-                       ("kv_cache_dtype", kv_cache_dtype), ("objective", objective)):
+    for key, value in (
+        ("max_model_len", max_model_len),
+        ("gpu_memory_utilization", gpu_memory_utilization),
+        ("kv_cache_dtype", kv_cache_dtype),
+        ("objective", objective),
+    ):
         if value is not None:
             workload[key] = value
     if speculative:
@@ -62,19 +71,22 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 @app.command("plan")
 def plan_command(
-    stack: Optional[str] = typer.Option(None, "--stack", help="Read Pulumi.STACK.yaml."),
+    stack: str | None = typer.Option(None, "--stack", help="Read Pulumi.STACK.yaml."),
     project_dir: Path = typer.Option(Path("."), "--project-dir", help="Where the Pulumi.*.yaml files are."),
-    model: Optional[str] = typer.Option(None, "--model", help="e2b, e4b, 31b, 26b-a4b or a Hugging Face id."),
-    accelerator: Optional[str] = typer.Option(None, "--accelerator", help="Accelerator kind, e.g. rtx-pro-6000, tpu-v6e."),
-    count: Optional[int] = typer.Option(None, "--count", help="Devices per host."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
-    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
-    kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="auto or fp8."),
-    objective: Optional[str] = typer.Option(None, "--objective", help="throughput, latency or balanced."),
-    speculative: Optional[str] = typer.Option(None, "--speculative", help="none, mtp or ngram, optionally :TOKENS."),
-    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Pinned vLLM release (capacity is reported as it logs)."),
-    available_kv_gib: Optional[float] = typer.Option(
-        None, "--available-kv-gib", help="Skip the memory estimate (check token accounting against a vLLM log)."),
+    model: str | None = typer.Option(None, "--model", help="e2b, e4b, 31b, 26b-a4b or a Hugging Face id."),
+    accelerator: str | None = typer.Option(None, "--accelerator", help="Accelerator kind, e.g. rtx-pro-6000, tpu-v6e."),
+    count: int | None = typer.Option(None, "--count", help="Devices per host."),
+    max_model_len: int | None = typer.Option(None, "--max-model-len"),
+    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization"),
+    kv_cache_dtype: str | None = typer.Option(None, "--kv-cache-dtype", help="auto or fp8."),
+    objective: str | None = typer.Option(None, "--objective", help="throughput, latency or balanced."),
+    speculative: str | None = typer.Option(None, "--speculative", help="none, mtp or ngram, optionally :TOKENS."),
+    vllm_version: str | None = typer.Option(
+        None, "--vllm-version", help="Pinned vLLM release (capacity is reported as it logs)."
+    ),
+    available_kv_gib: float | None = typer.Option(
+        None, "--available-kv-gib", help="Skip the memory estimate (check token accounting against a vLLM log)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Show the replicas, vLLM argv/env and KV-cache capacity a spec produces."""
@@ -82,7 +94,9 @@ def plan_command(
     from gemmaserve.spec import SpecError, parse_spec
     from gemmaserve.stack import SPEC_KEYS, read_stack_config
 
-    flags = _overrides(model, accelerator, count, max_model_len, gpu_memory_utilization, kv_cache_dtype, objective, speculative)
+    flags = _overrides(
+        model, accelerator, count, max_model_len, gpu_memory_utilization, kv_cache_dtype, objective, speculative
+    )
     if vllm_version:
         flags["engine"] = {"vllm_version": vllm_version}
     try:
@@ -114,16 +128,25 @@ def _print_plan(result) -> None:
 
     console = Console()
     spec = result.spec
-    title = (f"{result.model.hf_id} on {spec.accelerator.count} x {result.accelerator.name}"
-             f" (vLLM {spec.vllm_version}, {spec.engine.kind}, max_model_len {spec.max_model_len})")
+    title = (
+        f"{result.model.hf_id} on {spec.accelerator.count} x {result.accelerator.name}"
+        f" (vLLM {spec.vllm_version}, {spec.engine.kind}, max_model_len {spec.max_model_len})"
+    )
     table = Table(title=title)
     for column in ("replica", "devices", "TP", "port", "weights GiB/dev", "KV GiB/dev", "KV tokens", "max concurrency"):
         table.add_column(column, justify="right")
     for r in result.replicas:
         c = r.capacity
-        table.add_row(str(r.index), ",".join(map(str, r.devices)) or "-", str(r.tensor_parallel_size), str(r.port),
-                      f"{c.weights_gib_per_device:.1f}", f"{c.available_kv_cache_gib:.2f}" + ("" if c.estimated else " (given)"),
-                      f"{c.kv_cache_tokens:,}", f"{c.max_concurrency:.2f}x")
+        table.add_row(
+            str(r.index),
+            ",".join(map(str, r.devices)) or "-",
+            str(r.tensor_parallel_size),
+            str(r.port),
+            f"{c.weights_gib_per_device:.1f}",
+            f"{c.available_kv_cache_gib:.2f}" + ("" if c.estimated else " (given)"),
+            f"{c.kv_cache_tokens:,}",
+            f"{c.max_concurrency:.2f}x",
+        )
     if result.replicas:
         console.print(table)
         first = result.replicas[0]
@@ -174,18 +197,33 @@ def verify(
     import subprocess
 
     repo = Path(__file__).resolve().parents[1]
-    command = [sys.executable, "-m", "pytest", str(repo / "tests" / "verify"), "--inventory", inventory,
-               "-p", "no:cacheprovider", "-q", *ctx.args]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(repo / "tests" / "verify"),
+        "--inventory",
+        inventory,
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        *ctx.args,
+    ]
     raise typer.Exit(subprocess.call(command, cwd=repo))
 
 
 @app.command("bench")
 def bench(
     inventory: str = typer.Option("hosts/sandbox.py", "--inventory", help="A pyinfra inventory file."),
-    profile: list[str] = typer.Option(["prompt-heavy", "decode-heavy", "balanced"], "--profile",
-                                      help="prompt-heavy (8000/1000), decode-heavy (1000/8000), balanced (1000/1000)."),
+    profile: list[str] = typer.Option(
+        ["prompt-heavy", "decode-heavy", "balanced"],
+        "--profile",
+        help="prompt-heavy (8000/1000), decode-heavy (1000/8000), balanced (1000/1000).",
+    ),
     concurrency: str = typer.Option("1,16,32,64,128,256", "--concurrency", help="Comma-separated sweep."),
-    scale: float = typer.Option(1.0, "--scale", help="Multiply the profiles' token lengths (e.g. 0.01 on the sandbox)."),
+    scale: float = typer.Option(
+        1.0, "--scale", help="Multiply the profiles' token lengths (e.g. 0.01 on the sandbox)."
+    ),
     prompts_per_level: int = typer.Option(4, "--prompts-per-level", help="Prompts per unit of concurrency."),
     out: Path = typer.Option(Path("bench-results"), "--out", help="Directory for bench.json and bench.png."),
 ) -> None:

@@ -58,8 +58,14 @@ def deploy(inventory: str = "hosts/sandbox.py") -> float:
     pyinfra = Path(sys.executable).with_name("pyinfra")
     command = [str(pyinfra), "-y", inventory, "deploy.py"]
     lines: list[str] = []
-    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}) as process:
+    with subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as process:
         for line in process.stdout:
             lines.append(line.rstrip())
             if line.startswith("--> Starting operation:"):
@@ -86,17 +92,21 @@ def run_demo() -> None:
     _done(start, "all checks passed")
     model = report.models[0]
     console.print()
-    console.print(f"[bold green]Endpoint:[/bold green] {endpoint}   (model {model}, ready in {time.perf_counter() - total:.0f} s)")
+    console.print(
+        f"[bold green]Endpoint:[/bold green] {endpoint}   (model {model}, ready in {time.perf_counter() - total:.0f} s)"
+    )
     console.print("[yellow]The model is a randomly initialised TEST model: its text is meaningless by design.[/yellow]")
     console.print(f"Sample chat completion: {report.chat_text!r}")
     console.print(f"Structured output (json_schema, validated): {report.structured}")
-    console.print(f"\nTry it:\n  curl {endpoint}/models\n"
-                  f"  curl {endpoint}/chat/completions -H 'Content-Type: application/json' \\\n"
-                  f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16}}'\n"
-                  f"  python3 -c \"from openai import OpenAI; c = OpenAI(base_url='{endpoint}', api_key='EMPTY'); "
-                  f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hi'}}], max_tokens=16))\"\n"
-                  f"  gemmaserve sandbox ssh sandbox-1 -- systemctl status 'vllm@*' haproxy\n"
-                  f"  make demo-down   # removes the host, its network and cgroups")
+    console.print(
+        f"\nTry it:\n  curl {endpoint}/models\n"
+        f"  curl {endpoint}/chat/completions -H 'Content-Type: application/json' \\\n"
+        f'    -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 16}}\'\n'
+        f"  python3 -c \"from openai import OpenAI; c = OpenAI(base_url='{endpoint}', api_key='EMPTY'); "
+        f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hi'}}], max_tokens=16))\"\n"
+        f"  gemmaserve sandbox ssh sandbox-1 -- systemctl status 'vllm@*' haproxy\n"
+        f"  make demo-down   # removes the host, its network and cgroups"
+    )
 
 
 def run_demo_down() -> None:

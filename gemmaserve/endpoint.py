@@ -86,15 +86,26 @@ def check_endpoint(base_url: str, metrics: tuple[str, ...] = ("vllm:kv_cache_usa
     if not models:
         raise EndpointError(f"{base_url}/models lists no model")
     model = models[0]
-    chat = get_json(f"{base_url}/chat/completions", {
-        "model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16, "temperature": 0,
-    })
+    chat = get_json(
+        f"{base_url}/chat/completions",
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 16,
+            "temperature": 0,
+        },
+    )
     text = chat["choices"][0]["message"].get("content") or ""
-    structured_reply = get_json(f"{base_url}/chat/completions", {
-        "model": model, "max_tokens": 400, "temperature": 0,
-        "messages": [{"role": "user", "content": "Weather in Paris as JSON: city, unit, temperature."}],
-        "response_format": {"type": "json_schema", "json_schema": {"name": "city-weather", "schema": CITY_SCHEMA}},
-    })
+    structured_reply = get_json(
+        f"{base_url}/chat/completions",
+        {
+            "model": model,
+            "max_tokens": 400,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "Weather in Paris as JSON: city, unit, temperature."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "city-weather", "schema": CITY_SCHEMA}},
+        },
+    )
     raw = structured_reply["choices"][0]["message"].get("content") or ""
     try:
         structured = json.loads(raw)
@@ -103,15 +114,27 @@ def check_endpoint(base_url: str, metrics: tuple[str, ...] = ("vllm:kv_cache_usa
     problems = schema_problems(structured)
     if problems:
         raise EndpointError(f"json_schema output {structured} violates its schema: {'; '.join(problems)}")
-    tools_reply = get_json(f"{base_url}/chat/completions", {
-        "model": model, "max_tokens": 16, "temperature": 0, "tools": [WEATHER_TOOL], "tool_choice": "auto",
-        "messages": [{"role": "user", "content": "What is the weather in Tokyo?"}],
-    })
+    tools_reply = get_json(
+        f"{base_url}/chat/completions",
+        {
+            "model": model,
+            "max_tokens": 16,
+            "temperature": 0,
+            "tools": [WEATHER_TOOL],
+            "tool_choice": "auto",
+            "messages": [{"role": "user", "content": "What is the weather in Tokyo?"}],
+        },
+    )
     status, body = request(f"{root_of(base_url)}/metrics")
     if status != 200:
         raise EndpointError(f"/metrics: HTTP {status}")
     missing = [m for m in metrics if m not in body]
     if missing:
         raise EndpointError(f"/metrics lacks {', '.join(missing)}")
-    return EndpointReport(models=models, chat_text=text, structured=structured,
-                          tools_finish_reason=tools_reply["choices"][0]["finish_reason"], metrics_found=list(metrics))
+    return EndpointReport(
+        models=models,
+        chat_text=text,
+        structured=structured,
+        tools_finish_reason=tools_reply["choices"][0]["finish_reason"],
+        metrics_found=list(metrics),
+    )

@@ -60,6 +60,7 @@ def drain(name: str, timeout: float, path: str = SOCKET) -> None:
         print(f"{name}: not in HAProxy's config yet, nothing to drain", file=sys.stderr)
         return
     command(f"set server {name} state drain", path)
+
     # Requests already running on it finish; only then may the replica restart.
     def idle() -> bool:
         stats = server_stats(backend, server, path)
@@ -80,8 +81,11 @@ def ready(name: str, timeout: float, path: str = SOCKET) -> None:
 
 
 def backend_status(backend: str, path: str = SOCKET) -> dict[str, str]:
-    return {row["svname"]: row["status"] for row in stat_rows(path)
-            if row["pxname"] == backend and row["svname"] not in ("FRONTEND", "BACKEND")}
+    return {
+        row["svname"]: row["status"]
+        for row in stat_rows(path)
+        if row["pxname"] == backend and row["svname"] not in ("FRONTEND", "BACKEND")
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -67,8 +67,14 @@ def fetch_with_metadata(secret: str) -> bytes:
 def fetch_with_gcloud(secret: str) -> bytes:
     name = resource_name(secret, None) if secret.startswith("projects/") else secret
     parts = name.split("/")
-    args = ["gcloud", "secrets", "versions", "access", parts[5] if len(parts) > 5 else "latest",
-            f"--secret={parts[3] if name.startswith('projects/') else name}"]
+    args = [
+        "gcloud",
+        "secrets",
+        "versions",
+        "access",
+        parts[5] if len(parts) > 5 else "latest",
+        f"--secret={parts[3] if name.startswith('projects/') else name}",
+    ]
     if name.startswith("projects/"):
         args.append(f"--project={parts[1]}")
     result = subprocess.run(args, capture_output=True, timeout=60)

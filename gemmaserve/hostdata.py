@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gemmaserve.spec import Spec, SpecError, parse_spec
 from gemmaserve.stack import SPEC_KEYS

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from gemmaserve.catalog import GiB, AttentionKind, ModelInfo
+from gemmaserve.catalog import AttentionKind, GiB, ModelInfo
 
 # vLLM's default block size on CUDA/ROCm (DEFAULT_BLOCK_SIZE, Triton attention takes multiples of 16)
 # and on the CPU backend (platforms/cpu.py sets 128).
@@ -137,7 +137,10 @@ TOKENS_FROM_CONCURRENCY_SINCE = (0, 32, 0)
 
 
 def kv_capacity(
-    layout: KvLayout, available_bytes: int, max_model_len: int, max_num_batched_tokens: int,
+    layout: KvLayout,
+    available_bytes: int,
+    max_model_len: int,
+    max_num_batched_tokens: int,
     vllm_version: tuple[int, int, int] = (0, 19, 0),
 ) -> KvCapacity:
     """Tokens and concurrency exactly as vLLM `vllm_version` logs them for `available_bytes` per rank."""
@@ -148,7 +151,9 @@ def kv_capacity(
         tokens = int(concurrency * max_model_len)
     else:
         tokens = num_blocks // len(layout.groups) * layout.min_block_size
-    return KvCapacity(available_bytes=available_bytes, num_blocks=num_blocks, tokens=tokens, max_concurrency=concurrency)
+    return KvCapacity(
+        available_bytes=available_bytes, num_blocks=num_blocks, tokens=tokens, max_concurrency=concurrency
+    )
 
 
 def runtime_overhead_gib(model: ModelInfo, max_num_batched_tokens: int, max_num_seqs: int) -> float:

@@ -9,7 +9,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from gemmaserve.catalog import GiB, Accelerator, ModelInfo
+from gemmaserve.catalog import Accelerator, GiB, ModelInfo
 from gemmaserve.kv_cache import (
     DEFAULT_BLOCK_SIZE,
     KvCapacity,
@@ -23,7 +23,9 @@ from gemmaserve.spec import Spec, version_tuple
 # Where the vllm role installs vLLM's Gemma 4 tool chat template (examples/tool_chat_template_gemma4.jinja).
 CHAT_TEMPLATE_PATH = "/etc/gemmaserve/tool_chat_template_gemma4.jinja"
 # vLLM publishes that template in its repository, not in its wheels: fetched at the pinned release tag.
-CHAT_TEMPLATE_URL = "https://raw.githubusercontent.com/vllm-project/vllm/v{version}/examples/tool_chat_template_gemma4.jinja"
+CHAT_TEMPLATE_URL = (
+    "https://raw.githubusercontent.com/vllm-project/vllm/v{version}/examples/tool_chat_template_gemma4.jinja"
+)
 STATE_DIR = "/var/lib/gemmaserve"
 HF_HOME = f"{STATE_DIR}/hf"
 # Compile caches live in RAM (/dev/shm) so restarts skip compilation (seed 04: 24 min -> < 10 s);
@@ -207,13 +209,23 @@ def _size(spec: Spec, tp: int, kv_dtype: str, max_model_len: int, available_kv_g
     capacity = kv_capacity(layout, max(0, int(available * GiB)), max_model_len, mnbt, version_tuple(spec.vllm_version))
     need = min_bytes_for_one_request(layout, max_model_len, mnbt) / GiB
     if available <= 0:
-        return _Sizing(tp, weights, capacity, False,
-                       f"weights {weights:.1f} GiB per device leave no KV-cache memory at TP{tp} "
-                       f"({acc.memory_gib:.1f} GiB x {wl.gpu_memory_utilization})")
+        return _Sizing(
+            tp,
+            weights,
+            capacity,
+            False,
+            f"weights {weights:.1f} GiB per device leave no KV-cache memory at TP{tp} "
+            f"({acc.memory_gib:.1f} GiB x {wl.gpu_memory_utilization})",
+        )
     if capacity.max_concurrency < 1:
-        return _Sizing(tp, weights, capacity, False,
-                       f"one {max_model_len}-token request needs {need:.2f} GiB of KV cache per device at TP{tp}, "
-                       f"only {available:.2f} GiB is available")
+        return _Sizing(
+            tp,
+            weights,
+            capacity,
+            False,
+            f"one {max_model_len}-token request needs {need:.2f} GiB of KV cache per device at TP{tp}, "
+            f"only {available:.2f} GiB is available",
+        )
     return _Sizing(tp, weights, capacity, True)
 
 
@@ -252,7 +264,10 @@ def _fixes(spec: Spec, sizings: list[_Sizing], kv_dtype: str, available_kv_gib: 
     if length < spec.max_model_len and _size(spec, widest.tp, kv_dtype, length, available_kv_gib).fits:
         # Refine to the largest multiple of 1024 that fits.
         step = 1024 if length >= 1024 else 256
-        while _size(spec, widest.tp, kv_dtype, length + step, available_kv_gib).fits and length + step < spec.max_model_len:
+        while (
+            _size(spec, widest.tp, kv_dtype, length + step, available_kv_gib).fits
+            and length + step < spec.max_model_len
+        ):
             length += step
         fixes.append(f"lower --max-model-len to {length} (workload.max_model_len)")
     if kv_dtype == "auto" and spec.accelerator_info.fp8_kv_cache:
@@ -260,7 +275,11 @@ def _fixes(spec: Spec, sizings: list[_Sizing], kv_dtype: str, available_kv_gib: 
             fixes.append("use fp8 KV cache (workload.kv_cache_dtype: fp8)")
     acc = spec.accelerator_info
     for tp in (2, 4, 8, 16):
-        if tp > widest.tp and tp <= acc.max_devices_per_host and _size(spec, tp, kv_dtype, spec.max_model_len, available_kv_gib).fits:
+        if (
+            tp > widest.tp
+            and tp <= acc.max_devices_per_host
+            and _size(spec, tp, kv_dtype, spec.max_model_len, available_kv_gib).fits
+        ):
             fixes.append(f"use more tensor parallelism: {tp} devices per replica (accelerator.count >= {tp})")
             break
     if not fixes:
@@ -303,10 +322,19 @@ def cache_key(spec: Spec, tp: int) -> str:
     """Compiled graphs depend on these; a change of any of them must never reuse an old cache."""
     wl = spec.workload
     inputs = {
-        "vllm": spec.vllm_version, "engine": spec.engine.kind, "image": spec.image if spec.engine.kind == "container" else None,
-        "model": spec.model, "tp": tp, "dtype": wl.dtype, "kv": wl.kv_cache_dtype, "block": _block_size(spec),
-        "max_model_len": spec.max_model_len, "mnbt": _max_num_batched_tokens(spec), "seqs": _max_num_seqs(spec),
-        "spec": [wl.speculative.method, wl.speculative.tokens], "eager": wl.enforce_eager,
+        "vllm": spec.vllm_version,
+        "engine": spec.engine.kind,
+        "image": spec.image if spec.engine.kind == "container" else None,
+        "model": spec.model,
+        "tp": tp,
+        "dtype": wl.dtype,
+        "kv": wl.kv_cache_dtype,
+        "block": _block_size(spec),
+        "max_model_len": spec.max_model_len,
+        "mnbt": _max_num_batched_tokens(spec),
+        "seqs": _max_num_seqs(spec),
+        "spec": [wl.speculative.method, wl.speculative.tokens],
+        "eager": wl.enforce_eager,
         "padding_gap": TPU_BUCKET_PADDING_GAP if spec.accelerator_info.is_tpu else None,
     }
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
@@ -360,8 +388,10 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
         if wl.vision_token_budget > 280:
             # Seed 01: the vision tower allocates for its default output length (280); a larger
             # budget needs the tower sized for it too.
-            overrides = {"vision_config": {"default_output_length": wl.vision_token_budget},
-                         "vision_soft_tokens_per_image": wl.vision_token_budget}
+            overrides = {
+                "vision_config": {"default_output_length": wl.vision_token_budget},
+                "vision_soft_tokens_per_image": wl.vision_token_budget,
+            }
             argv += ["--hf-overrides", _json(overrides)]
     if acc.is_tpu:
         # Seeds 03/04: chunked multimodal input is numerically unstable on the XLA backend.
@@ -409,7 +439,9 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     """Turn a validated spec into replicas. Refusals (not exceptions) report configs that cannot serve."""
     model, acc = spec.model_info, spec.accelerator_info
     engine = EnginePlan(
-        kind=spec.engine.kind, package=VLLM_PACKAGE[acc.vendor], version=spec.vllm_version,
+        kind=spec.engine.kind,
+        package=VLLM_PACKAGE[acc.vendor],
+        version=spec.vllm_version,
         transformers_version=spec.engine.transformers_version,
         image=spec.image if spec.engine.kind == "container" else None,
     )
@@ -433,12 +465,18 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     limits = _limits(spec, result.warnings)
     async_scheduling = _async_scheduling(spec, result.warnings)
     if model.is_test_model:
-        result.warnings.append(f"{model.hf_id} is a randomly initialised TEST model; production specs name real checkpoints")
+        result.warnings.append(
+            f"{model.hf_id} is a randomly initialised TEST model; production specs name real checkpoints"
+        )
     if acc.is_gpu and acc.interconnect == "pcie" and tp > 2:
-        result.warnings.append(f"TP{tp} over PCIe adds synchronisation overhead; seed 02 prefers TP2 replicas unless long context needs more")
+        result.warnings.append(
+            f"TP{tp} over PCIe adds synchronisation overhead; seed 02 prefers TP2 replicas unless long context needs more"
+        )
     if acc.is_cpu and replicas > 1 and spec.workload.cpu_threads_bind == "auto":
-        result.warnings.append(f"{replicas} CPU replicas with cpu_threads_bind=auto: vLLM pins every one of them to "
-                               "the same first cores; set cpu_threads_bind (\"nobind\" or a core list) or run one replica")
+        result.warnings.append(
+            f"{replicas} CPU replicas with cpu_threads_bind=auto: vLLM pins every one of them to "
+            'the same first cores; set cpu_threads_bind ("nobind" or a core list) or run one replica'
+        )
     if count - replicas * tp > 0 and not acc.is_cpu:
         result.warnings.append(f"{count - replicas * tp} of {count} devices stay idle")
     key = cache_key(spec, tp)
@@ -453,11 +491,16 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     for index in range(replicas):
         devices = [] if acc.is_cpu else list(range(index * tp, (index + 1) * tp))
         port = spec.serving.base_port + index
-        result.replicas.append(ReplicaPlan(
-            index=index, devices=devices, tensor_parallel_size=tp, port=port,
-            argv=_argv(spec, tp, port, limits, async_scheduling),
-            env=_env(spec, index, devices, key), capacity=capacity, cache_key=key,
-        ))
+        result.replicas.append(
+            ReplicaPlan(
+                index=index,
+                devices=devices,
+                tensor_parallel_size=tp,
+                port=port,
+                argv=_argv(spec, tp, port, limits, async_scheduling),
+                env=_env(spec, index, devices, key),
+                capacity=capacity,
+                cache_key=key,
+            )
+        )
     return result
-
-

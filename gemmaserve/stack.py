@@ -23,7 +23,9 @@ def read_stack_config(stack: str, project_dir: Path = Path(".")) -> dict[str, An
     """The `gemmaserve:` keys of a stack, without the namespace."""
     path = stack_file(stack, project_dir)
     if not path.is_file():
-        existing = sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in project_dir.glob("Pulumi.*.yaml"))
+        existing = sorted(
+            p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in project_dir.glob("Pulumi.*.yaml")
+        )
         raise SpecError([f"stack = {stack!r}: no {path}; allowed: {', '.join(existing) or 'none found'}"], "stack")
     document = yaml.safe_load(path.read_text()) or {}
     config = document.get("config") or {}

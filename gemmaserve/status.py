@@ -43,7 +43,9 @@ def metric_sums(text: str) -> dict[str, float]:
     return sums
 
 
-def replica_status(host: str, index: int, state: str, health_code: str, models_json: str, metrics: str) -> ReplicaStatus:
+def replica_status(
+    host: str, index: int, state: str, health_code: str, models_json: str, metrics: str
+) -> ReplicaStatus:
     sums = metric_sums(metrics)
     try:
         model = json.loads(models_json)["data"][0]["id"]
@@ -52,8 +54,14 @@ def replica_status(host: str, index: int, state: str, health_code: str, models_j
     queries = sums.get("vllm:prefix_cache_queries_total")
     hits = sums.get("vllm:prefix_cache_hits_total")
     return ReplicaStatus(
-        host=host, index=index, unit=f"vllm@{index}.service", state=state, healthy=health_code == "200", model=model,
-        running=sums.get("vllm:num_requests_running"), waiting=sums.get("vllm:num_requests_waiting"),
+        host=host,
+        index=index,
+        unit=f"vllm@{index}.service",
+        state=state,
+        healthy=health_code == "200",
+        model=model,
+        running=sums.get("vllm:num_requests_running"),
+        waiting=sums.get("vllm:num_requests_waiting"),
         kv_cache_usage=sums.get("vllm:kv_cache_usage_perc"),
         prefix_cache_hit_rate=(hits / queries) if queries else None,
     )
@@ -80,7 +88,9 @@ def inventory_hosts(inventory: str) -> list[tuple[str, dict[str, Any]]]:
     namespace = runpy.run_path(str(Path(inventory)))
     hosts = []
     for value in namespace.values():
-        if isinstance(value, list) and all(isinstance(h, tuple) and len(h) == 2 and isinstance(h[1], dict) for h in value):
+        if isinstance(value, list) and all(
+            isinstance(h, tuple) and len(h) == 2 and isinstance(h[1], dict) for h in value
+        ):
             hosts.extend(value)
     return hosts
 
@@ -110,7 +120,7 @@ def collect(inventory: str) -> list[ReplicaStatus]:
         output = remote.run(f"sh -c {shlex.quote(probe_script(serving))}").stdout
         chunks = output.split(SEPARATOR)
         for replica in serving.replicas:
-            state, code, models, metrics = (c.strip() for c in chunks[replica.index * 4: replica.index * 4 + 4])
+            state, code, models, metrics = (c.strip() for c in chunks[replica.index * 4 : replica.index * 4 + 4])
             statuses.append(replica_status(name, replica.index, state, code, models, metrics))
     return statuses
 
@@ -133,7 +143,15 @@ def print_table(statuses: list[ReplicaStatus]) -> None:
         return f"{value * 100:.1f}%" if percent else f"{value:g}"
 
     for s in statuses:
-        table.add_row(s.host, str(s.index), s.state, "[green]ok[/green]" if s.healthy else "[red]down[/red]",
-                      s.model or "-", number(s.running), number(s.waiting), number(s.kv_cache_usage, True),
-                      number(s.prefix_cache_hit_rate, True))
+        table.add_row(
+            s.host,
+            str(s.index),
+            s.state,
+            "[green]ok[/green]" if s.healthy else "[red]down[/red]",
+            s.model or "-",
+            number(s.running),
+            number(s.waiting),
+            number(s.kv_cache_usage, True),
+            number(s.prefix_cache_hit_rate, True),
+        )
     Console().print(table)

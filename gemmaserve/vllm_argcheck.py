@@ -87,7 +87,9 @@ def _check_parser_names(args) -> None:
         ReasoningParserManager.import_reasoning_parser(args.reasoning_parser_plugin)
     tool_parser = getattr(args, "tool_call_parser", None)
     if tool_parser and tool_parser not in ToolParserManager.list_registered():
-        raise KeyError(f"unknown tool call parser {tool_parser!r} (known: {', '.join(ToolParserManager.list_registered())})")
+        raise KeyError(
+            f"unknown tool call parser {tool_parser!r} (known: {', '.join(ToolParserManager.list_registered())})"
+        )
     reasoning_parser = getattr(args, "reasoning_parser", None)
     if reasoning_parser and reasoning_parser not in ReasoningParserManager.list_registered():
         raise KeyError(
@@ -105,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             text = open(argv[0]).read() if argv and argv[0] != "-" else sys.stdin.read()
             argvs = json.loads(text)
-        if not isinstance(argvs, list) or not argvs or not all(
-            isinstance(a, list) and all(isinstance(s, str) for s in a) for a in argvs
+        if (
+            not isinstance(argvs, list)
+            or not argvs
+            or not all(isinstance(a, list) and all(isinstance(s, str) for s in a) for a in argvs)
         ):
             raise ValueError("expected a JSON list of lists of strings")
     except (OSError, ValueError) as error:

@@ -222,7 +222,9 @@ def _make_torchvision_pure_python(site_packages: Path) -> None:
             raise RuntimeError(f"{patched} no longer contains {old.strip()!r}: update TORCHVISION_PATCHES")
         source = source.replace(old, new)
     patched.write_text(source)
-    _rewrite_record(_dist_info(site_packages, "torchvision"), site_packages, TORCHVISION_REMOVED, TORCHVISION_PATCHED_FILE)
+    _rewrite_record(
+        _dist_info(site_packages, "torchvision"), site_packages, TORCHVISION_REMOVED, TORCHVISION_PATCHED_FILE
+    )
 
 
 def _rewrite_record(dist_info: Path, site_packages: Path, removed: tuple[str, ...], changed: str) -> None:

@@ -26,8 +26,13 @@ def _records() -> list[dict]:
     saved = os.environ.get("GEMMASERVE_HOSTS_JSON")
     if saved:
         return json.loads(Path(saved).read_text())
-    output = subprocess.run(["pulumi", "stack", "output", "hosts", "--json", "--stack", STACK],
-                            cwd=PROJECT, capture_output=True, text=True, check=True).stdout
+    output = subprocess.run(
+        ["pulumi", "stack", "output", "hosts", "--json", "--stack", STACK],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(output)
 
 
@@ -40,8 +45,11 @@ serving = [
         {
             "ssh_hostname": record.get("internal_ip") or record["name"],
             **({"ssh_user": record["ssh_user"]} if record.get("ssh_user") else {}),
-            **({"ssh_proxy_command": _proxy.replace("%h", record["name"]).replace("ZONE", record.get("zone", ""))}
-               if _proxy else {}),
+            **(
+                {"ssh_proxy_command": _proxy.replace("%h", record["name"]).replace("ZONE", record.get("zone", ""))}
+                if _proxy
+                else {}
+            ),
             "_sudo": True,
             **_spec_data,
         },

@@ -1,16 +1,16 @@
 """The Pulumi program: validated stack config -> network, identity, secret, image, TPU slice or GPU VMs -> hosts."""
 
 import pulumi
-
 from config import read_hf_token, read_settings
 from gpu_vm import GpuVm, GpuVmArgs
-from hosts import host_record
 from identity import Identity, IdentityArgs
 from image import ServingImage, ServingImageArgs
 from load_balancer import ServingLoadBalancer, ServingLoadBalancerArgs
 from network import HOST_TAG, Network, NetworkArgs
 from secret import HfTokenSecret, HfTokenSecretArgs
 from tpu_slice import TpuSlice, TpuSliceArgs
+
+from hosts import host_record
 
 # Everything is validated before the first resource is declared: a bad stack fails here, whole.
 settings = read_settings()
@@ -19,58 +19,140 @@ labels = settings.labels
 port = serving_plan.router_port
 lb_region = settings.region if cloud.hosts > 1 else None
 
-network = Network(name, NetworkArgs(
-    regions=cloud.regions, cidr=cloud.network.cidr, serving_port=port, serving_cidrs=cloud.serving_port_cidrs,
-    load_balancer_region=lb_region, labels=labels))
+network = Network(
+    name,
+    NetworkArgs(
+        regions=cloud.regions,
+        cidr=cloud.network.cidr,
+        serving_port=port,
+        serving_cidrs=cloud.serving_port_cidrs,
+        load_balancer_region=lb_region,
+        labels=labels,
+    ),
+)
 identity = Identity(name, IdentityArgs(project=settings.project, account_id=f"{name}-hosts", stack=settings.stack))
 if spec.secret is not None and spec.secret.secret_manager:
-    HfTokenSecret(f"{name}-hf", HfTokenSecretArgs(
-        project=settings.project, secret=spec.secret.secret_manager, accessor_member=identity.member,
-        replication=cloud.secret_replication, token=read_hf_token(), labels=labels))
-image = ServingImage(name, ServingImageArgs(
-    project=settings.project, location=settings.region, repository_id=cloud.image.repository,
-    reader_member=identity.member, build=cloud.image.build, base_image=spec.image, vllm_version=spec.vllm_version,
-    transformers_version=spec.engine.transformers_version, labels=labels))
+    HfTokenSecret(
+        f"{name}-hf",
+        HfTokenSecretArgs(
+            project=settings.project,
+            secret=spec.secret.secret_manager,
+            accessor_member=identity.member,
+            replication=cloud.secret_replication,
+            token=read_hf_token(),
+            labels=labels,
+        ),
+    )
+image = ServingImage(
+    name,
+    ServingImageArgs(
+        project=settings.project,
+        location=settings.region,
+        repository_id=cloud.image.repository,
+        reader_member=identity.member,
+        build=cloud.image.build,
+        base_image=spec.image,
+        vllm_version=spec.vllm_version,
+        transformers_version=spec.engine.transformers_version,
+        labels=labels,
+    ),
+)
 
 hosts = []
 if settings.tpu_type is not None:
-    tpu = TpuSlice(f"{name}-tpu", TpuSliceArgs(
-        project=settings.project, zones=cloud.zones, accelerator_type=settings.tpu_type.accelerator_type,
-        runtime_version=settings.tpu_type.runtime_version, provisioning=cloud.provisioning,
-        reservation=cloud.reservation, max_run_seconds=cloud.max_run_seconds,
-        valid_until_seconds=cloud.valid_until_seconds,
-        valid_after=cloud.valid_after.isoformat() if cloud.valid_after else None,
-        network=network.vpc.id, subnetworks={r: s.id for r, s in network.subnets.items()},
-        service_account=identity.email, enable_external_ips=cloud.allow_external_ip, labels=labels,
-        tags=[HOST_TAG], protect=cloud.protect))
-    hosts.append(host_record(tpu.node_name, tpu.internal_ip, tpu.external_ip, tpu.zone, cloud.ssh_user, "tpu-vm",
-                             settings.tpu_type.accelerator_type, serving_plan))
+    tpu = TpuSlice(
+        f"{name}-tpu",
+        TpuSliceArgs(
+            project=settings.project,
+            zones=cloud.zones,
+            accelerator_type=settings.tpu_type.accelerator_type,
+            runtime_version=settings.tpu_type.runtime_version,
+            provisioning=cloud.provisioning,
+            reservation=cloud.reservation,
+            max_run_seconds=cloud.max_run_seconds,
+            valid_until_seconds=cloud.valid_until_seconds,
+            valid_after=cloud.valid_after.isoformat() if cloud.valid_after else None,
+            network=network.vpc.id,
+            subnetworks={r: s.id for r, s in network.subnets.items()},
+            service_account=identity.email,
+            enable_external_ips=cloud.allow_external_ip,
+            labels=labels,
+            tags=[HOST_TAG],
+            protect=cloud.protect,
+        ),
+    )
+    hosts.append(
+        host_record(
+            tpu.node_name,
+            tpu.internal_ip,
+            tpu.external_ip,
+            tpu.zone,
+            cloud.ssh_user,
+            "tpu-vm",
+            settings.tpu_type.accelerator_type,
+            serving_plan,
+        )
+    )
 else:
     machine = settings.machine_type
     vms = []
     for index in range(cloud.hosts):
         zone = cloud.zones[index % len(cloud.zones)]
-        vm = GpuVm(f"{name}-gpu-{index}", GpuVmArgs(
-            zone=zone, machine_type=machine.name, bundles_accelerators=machine.bundles_accelerators,
-            accelerator_type=None, accelerator_count=machine.count,
-            subnetwork=network.subnets[settings.region].id, service_account=identity.email,
-            boot_image=cloud.boot_image, boot_disk_type=cloud.boot_disk_type, boot_disk_gb=cloud.boot_disk_gb,
-            weights_disk_type=cloud.weights_disk.type, weights_disk_gb=cloud.weights_disk.size_gb,
-            local_ssd_count=cloud.weights_disk.local_ssd_count, provisioning=cloud.provisioning,
-            max_run_seconds=cloud.max_run_seconds, termination_action=cloud.termination_action,
-            reservation=cloud.reservation, allow_external_ip=cloud.allow_external_ip, labels=labels,
-            tags=[HOST_TAG]))
+        vm = GpuVm(
+            f"{name}-gpu-{index}",
+            GpuVmArgs(
+                zone=zone,
+                machine_type=machine.name,
+                bundles_accelerators=machine.bundles_accelerators,
+                accelerator_type=None,
+                accelerator_count=machine.count,
+                subnetwork=network.subnets[settings.region].id,
+                service_account=identity.email,
+                boot_image=cloud.boot_image,
+                boot_disk_type=cloud.boot_disk_type,
+                boot_disk_gb=cloud.boot_disk_gb,
+                weights_disk_type=cloud.weights_disk.type,
+                weights_disk_gb=cloud.weights_disk.size_gb,
+                local_ssd_count=cloud.weights_disk.local_ssd_count,
+                provisioning=cloud.provisioning,
+                max_run_seconds=cloud.max_run_seconds,
+                termination_action=cloud.termination_action,
+                reservation=cloud.reservation,
+                allow_external_ip=cloud.allow_external_ip,
+                labels=labels,
+                tags=[HOST_TAG],
+            ),
+        )
         vms.append(vm)
-        hosts.append(host_record(vm.instance.name, vm.internal_ip, vm.external_ip, zone, cloud.ssh_user, "gce-vm",
-                                 machine.name, serving_plan))
+        hosts.append(
+            host_record(
+                vm.instance.name,
+                vm.internal_ip,
+                vm.external_ip,
+                zone,
+                cloud.ssh_user,
+                "gce-vm",
+                machine.name,
+                serving_plan,
+            )
+        )
 
 if lb_region:
     by_zone: dict[str, list] = {}
     for index, vm in enumerate(vms):
         by_zone.setdefault(cloud.zones[index % len(cloud.zones)], []).append(vm.instance.self_link)
-    balancer = ServingLoadBalancer(f"{name}-lb", ServingLoadBalancerArgs(
-        region=settings.region, network=network.vpc.id, subnetwork=network.subnets[settings.region].id,
-        instances_by_zone=by_zone, port=port, depends_on=[network.proxy_subnet], labels=labels))
+    balancer = ServingLoadBalancer(
+        f"{name}-lb",
+        ServingLoadBalancerArgs(
+            region=settings.region,
+            network=network.vpc.id,
+            subnetwork=network.subnets[settings.region].id,
+            instances_by_zone=by_zone,
+            port=port,
+            depends_on=[network.proxy_subnet],
+            labels=labels,
+        ),
+    )
     endpoint = pulumi.Output.concat("http://", balancer.address, f":{port}/v1")
 else:
     endpoint = hosts[0].apply(lambda host: f"http://{host['internal_ip']}:{port}/v1")

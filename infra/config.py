@@ -87,16 +87,24 @@ class ServingImage(_Strict):
 class Cloud(_Strict):
     """`gemmaserve:cloud`: where and how capacity is bought. Defaults are the safe choice."""
 
-    zones: tuple[str, ...] = Field(min_length=1, description="TPU: tried in order while a zone has no capacity. GPU: hosts spread round-robin.")
+    zones: tuple[str, ...] = Field(
+        min_length=1, description="TPU: tried in order while a zone has no capacity. GPU: hosts spread round-robin."
+    )
     provisioning: Provisioning = "standard"
     reservation: str | None = Field(None, description="Reservation name; required by provisioning 'reserved'.")
     max_run_duration: str | None = Field(None, description="Hard stop, e.g. 7d; required by flex-start (<= 7d).")
-    termination_action: Literal["DELETE", "STOP"] = Field("DELETE", description="What happens at max_run_duration or preemption.")
+    termination_action: Literal["DELETE", "STOP"] = Field(
+        "DELETE", description="What happens at max_run_duration or preemption."
+    )
     valid_until: str | None = Field(None, description="TPU queue: give up if not provisioned within this duration.")
-    valid_after: datetime | None = Field(None, description="TPU queue: do not provision before this time (ISO 8601 with zone).")
+    valid_after: datetime | None = Field(
+        None, description="TPU queue: do not provision before this time (ISO 8601 with zone)."
+    )
     hosts: int = Field(1, ge=1, le=16, description="Serving hosts; more than one puts a load balancer in front.")
-    boot_image: str = Field("projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64",
-                            description="GPU VM boot image; the nvidia role installs the driver.")
+    boot_image: str = Field(
+        "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64",
+        description="GPU VM boot image; the nvidia role installs the driver.",
+    )
     boot_disk_type: Literal["pd-balanced", "pd-ssd", "hyperdisk-balanced"] = "pd-balanced"
     boot_disk_gb: int = Field(100, ge=20, le=65536)
     weights_disk: WeightsDisk = WeightsDisk()
@@ -107,7 +115,8 @@ class Cloud(_Strict):
     ssh_user: str = "gemmaserve"
     labels: dict[str, str] = Field(default_factory=dict)
     secret_replication: Literal["automatic"] | tuple[str, ...] = Field(
-        "automatic", description="'automatic' or a list of regions for user-managed replication.")
+        "automatic", description="'automatic' or a list of regions for user-managed replication."
+    )
     image: ServingImage = ServingImage()
     protect: bool = Field(True, description="Protect TPU queued resources from `pulumi destroy` (seed 03).")
 
@@ -151,7 +160,8 @@ class Cloud(_Strict):
         for key, label in value.items():
             if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(str(label)):
                 raise ValueError(
-                    f"{key}={label!r}: allowed: lowercase keys/values of letters, digits, '_' and '-' (max 63)")
+                    f"{key}={label!r}: allowed: lowercase keys/values of letters, digits, '_' and '-' (max 63)"
+                )
         return value
 
     @field_validator("secret_replication")
@@ -171,19 +181,31 @@ class Cloud(_Strict):
             elif duration > FLEX_START_MAX:
                 problems.append(("max_run_duration", self.max_run_duration, "flex-start allows at most 7d"))
             if self.termination_action != "DELETE":
-                problems.append(("termination_action", self.termination_action, "flex-start capacity is returned; allowed: DELETE"))
+                problems.append(
+                    ("termination_action", self.termination_action, "flex-start capacity is returned; allowed: DELETE")
+                )
         elif duration is not None and self.provisioning in ("guaranteed", "reserved"):
-            problems.append(("max_run_duration", self.max_run_duration,
-                             f"{self.provisioning} capacity has no run limit; allowed with standard, spot, flex-start"))
+            problems.append(
+                (
+                    "max_run_duration",
+                    self.max_run_duration,
+                    f"{self.provisioning} capacity has no run limit; allowed with standard, spot, flex-start",
+                )
+            )
         if self.provisioning == "reserved" and not self.reservation:
             problems.append(("reservation", None, "provisioning 'reserved' needs a reservation name"))
         if self.reservation and self.provisioning != "reserved":
             problems.append(("reservation", self.reservation, "only with provisioning: reserved"))
         world = [c for c in self.serving_port_cidrs if ipaddress.ip_network(c).prefixlen == 0]
         if world and not self.allow_public_serving:
-            problems.append(("serving_port_cidrs", list(self.serving_port_cidrs),
-                             f"{', '.join(world)} opens the serving port to the internet; allowed: narrower ranges,"
-                             " or set allow_public_serving: true"))
+            problems.append(
+                (
+                    "serving_port_cidrs",
+                    list(self.serving_port_cidrs),
+                    f"{', '.join(world)} opens the serving port to the internet; allowed: narrower ranges,"
+                    " or set allow_public_serving: true",
+                )
+            )
         if len(self.regions) + 1 > 2 ** (20 - ipaddress.IPv4Network(self.network.cidr).prefixlen):
             problems.append(("network.cidr", self.network.cidr, f"too small for {len(self.regions)} regions of /20"))
         if problems:
@@ -240,9 +262,7 @@ class Settings:
         return ("gs-" + re.sub(r"[^a-z0-9-]", "-", self.stack.lower()))[:20].rstrip("-")
 
 
-def settings_from_config(
-    raw: dict[str, Any], gcp: dict[str, Any], stack: str, source: str | None = None
-) -> Settings:
+def settings_from_config(raw: dict[str, Any], gcp: dict[str, Any], stack: str, source: str | None = None) -> Settings:
     """Validate spec + cloud + gcp provider settings together; nothing is declared before this returns."""
     source = source or f"stack {stack}"
     problems: list[str] = []
@@ -257,7 +277,9 @@ def settings_from_config(
         problems += error.problems
     project, region = gcp.get("project"), gcp.get("region")
     if not project or not _PROJECT.match(str(project)):
-        problems.append(f"gcp:project = {project!r}: required; allowed: a project id (pulumi config set gcp:project ID)")
+        problems.append(
+            f"gcp:project = {project!r}: required; allowed: a project id (pulumi config set gcp:project ID)"
+        )
     if spec is not None and cloud is not None:
         problems += _cross_problems(spec, cloud, region)
     if problems:
@@ -265,7 +287,12 @@ def settings_from_config(
     serving_plan = plan(spec).require_ok()
     acc, count = spec.accelerator_info, spec.accelerator.count
     return Settings(
-        project=project, region=region or cloud.regions[0], stack=stack, spec=spec, plan=serving_plan, cloud=cloud,
+        project=project,
+        region=region or cloud.regions[0],
+        stack=stack,
+        spec=spec,
+        plan=serving_plan,
+        cloud=cloud,
         tpu_type=acc.tpu_type_for(count) if acc.is_tpu else None,
         machine_type=acc.machine_type_for(count) if acc.is_gpu else None,
     )
@@ -276,25 +303,34 @@ def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
     problems = []
     if acc.is_tpu:
         if acc.tpu_type_for(count) is None:
-            problems.append(f"accelerator.count = {count}: no {acc.name} TPU type has {count} chips; allowed: "
-                            f"{', '.join(str(t.chips) for t in acc.tpu_types)}")
+            problems.append(
+                f"accelerator.count = {count}: no {acc.name} TPU type has {count} chips; allowed: "
+                f"{', '.join(str(t.chips) for t in acc.tpu_types)}"
+            )
         if cloud.hosts != 1:
             problems.append(f"cloud.hosts = {cloud.hosts}: a TPU stack is one queued slice; allowed: 1")
     elif acc.is_gpu:
         if not acc.gcp_machine_types:
-            problems.append(f"accelerator.kind = {acc.name!r}: not sold on Google Cloud; allowed: "
-                            "a100-40gb, a100-80gb, h100-80gb, h200, b200, rtx-pro-6000, l4, tpu-*")
+            problems.append(
+                f"accelerator.kind = {acc.name!r}: not sold on Google Cloud; allowed: "
+                "a100-40gb, a100-80gb, h100-80gb, h200, b200, rtx-pro-6000, l4, tpu-*"
+            )
         elif acc.machine_type_for(count) is None:
-            problems.append(f"accelerator.count = {count}: no {acc.name} machine type has {count} GPUs; allowed: "
-                            f"{', '.join(str(m.count) for m in acc.gcp_machine_types)}")
+            problems.append(
+                f"accelerator.count = {count}: no {acc.name} machine type has {count} GPUs; allowed: "
+                f"{', '.join(str(m.count) for m in acc.gcp_machine_types)}"
+            )
         if cloud.provisioning == "guaranteed":
-            problems.append("cloud.provisioning = 'guaranteed': a TPU queued-resource tier; allowed for GPU VMs: "
-                            "standard, spot, reserved, flex-start")
+            problems.append(
+                "cloud.provisioning = 'guaranteed': a TPU queued-resource tier; allowed for GPU VMs: "
+                "standard, spot, reserved, flex-start"
+            )
         if cloud.valid_until or cloud.valid_after:
             problems.append("cloud.valid_until/valid_after: TPU queueing policy only; allowed for GPU VMs: unset")
     else:
-        problems.append(f"accelerator.kind = {acc.name!r}: the Pulumi program provisions GPUs and TPUs; "
-                        "cpu hosts are the sandbox's")
+        problems.append(
+            f"accelerator.kind = {acc.name!r}: the Pulumi program provisions GPUs and TPUs; cpu hosts are the sandbox's"
+        )
     if region and any(r != region for r in cloud.regions) and not acc.is_tpu:
         problems.append(f"cloud.zones = {list(cloud.zones)!r}: GPU hosts must be in gcp:region {region}")
     return problems

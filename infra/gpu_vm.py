@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
-
 from config import CLOUD_PLATFORM_SCOPE
 
 PROVISIONING_MODEL = {"standard": "STANDARD", "reserved": "STANDARD", "spot": "SPOT", "flex-start": "FLEX_START"}
@@ -48,7 +47,8 @@ def scheduling(args: GpuVmArgs) -> gcp.compute.InstanceSchedulingArgs:
         provisioning_model=model,
         instance_termination_action=args.termination_action if stoppable else None,
         max_run_duration=gcp.compute.InstanceSchedulingMaxRunDurationArgs(seconds=args.max_run_seconds)
-        if args.max_run_seconds else None,
+        if args.max_run_seconds
+        else None,
     )
 
 
@@ -57,10 +57,13 @@ def reservation_affinity(args: GpuVmArgs) -> gcp.compute.InstanceReservationAffi
         return gcp.compute.InstanceReservationAffinityArgs(
             type="SPECIFIC_RESERVATION",
             specific_reservation=gcp.compute.InstanceReservationAffinitySpecificReservationArgs(
-                key="compute.googleapis.com/reservation-name", values=[args.reservation]))
+                key="compute.googleapis.com/reservation-name", values=[args.reservation]
+            ),
+        )
     # Spot and flex-start capacity never comes out of a reservation (flex-start requires this).
     return gcp.compute.InstanceReservationAffinityArgs(
-        type="ANY_RESERVATION" if args.provisioning == "standard" else "NO_RESERVATION")
+        type="ANY_RESERVATION" if args.provisioning == "standard" else "NO_RESERVATION"
+    )
 
 
 class GpuVm(pulumi.ComponentResource):
@@ -74,32 +77,48 @@ class GpuVm(pulumi.ComponentResource):
             scratch = [gcp.compute.InstanceScratchDiskArgs(interface="NVME") for _ in range(args.local_ssd_count)]
         elif args.weights_disk_type != "none":
             disk = gcp.compute.Disk(
-                f"{name}-weights", zone=args.zone, type=args.weights_disk_type, size=args.weights_disk_gb,
-                labels=args.labels, opts=child)
+                f"{name}-weights",
+                zone=args.zone,
+                type=args.weights_disk_type,
+                size=args.weights_disk_gb,
+                labels=args.labels,
+                opts=child,
+            )
             attached = [gcp.compute.InstanceAttachedDiskArgs(source=disk.id, device_name="weights")]
         accelerators = None
         if not args.bundles_accelerators:
-            accelerators = [gcp.compute.InstanceGuestAcceleratorArgs(type=args.accelerator_type,
-                                                                      count=args.accelerator_count)]
+            accelerators = [
+                gcp.compute.InstanceGuestAcceleratorArgs(type=args.accelerator_type, count=args.accelerator_count)
+            ]
         self.instance = gcp.compute.Instance(
             f"{name}",
             zone=args.zone,
             machine_type=args.machine_type,
-            boot_disk=gcp.compute.InstanceBootDiskArgs(initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
-                image=args.boot_image, size=args.boot_disk_gb, type=args.boot_disk_type)),
+            boot_disk=gcp.compute.InstanceBootDiskArgs(
+                initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
+                    image=args.boot_image, size=args.boot_disk_gb, type=args.boot_disk_type
+                )
+            ),
             attached_disks=attached,
             scratch_disks=scratch,
             guest_accelerators=accelerators,
-            network_interfaces=[gcp.compute.InstanceNetworkInterfaceArgs(
-                subnetwork=args.subnetwork,
-                # An empty access config asks for an ephemeral public IP; none means private only.
-                access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()] if args.allow_external_ip else [],
-            )],
-            service_account=gcp.compute.InstanceServiceAccountArgs(email=args.service_account, scopes=[CLOUD_PLATFORM_SCOPE]),
+            network_interfaces=[
+                gcp.compute.InstanceNetworkInterfaceArgs(
+                    subnetwork=args.subnetwork,
+                    # An empty access config asks for an ephemeral public IP; none means private only.
+                    access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()]
+                    if args.allow_external_ip
+                    else [],
+                )
+            ],
+            service_account=gcp.compute.InstanceServiceAccountArgs(
+                email=args.service_account, scopes=[CLOUD_PLATFORM_SCOPE]
+            ),
             scheduling=scheduling(args),
             reservation_affinity=reservation_affinity(args),
             shielded_instance_config=gcp.compute.InstanceShieldedInstanceConfigArgs(
-                enable_integrity_monitoring=True, enable_vtpm=True),
+                enable_integrity_monitoring=True, enable_vtpm=True
+            ),
             # SSH arrives through IAP only (firewall); keys or OS Login come from project settings, and
             # cloud.ssh_user names the account the inventories log in as.
             labels=args.labels,
@@ -110,5 +129,6 @@ class GpuVm(pulumi.ComponentResource):
         self.zone = pulumi.Output.from_input(args.zone)
         self.internal_ip = self.instance.network_interfaces.apply(lambda nics: nics[0].network_ip)
         self.external_ip = self.instance.network_interfaces.apply(
-            lambda nics: (nics[0].access_configs[0].nat_ip if nics[0].access_configs else None))
+            lambda nics: nics[0].access_configs[0].nat_ip if nics[0].access_configs else None
+        )
         self.register_outputs({"internal_ip": self.internal_ip, "zone": self.zone})

@@ -26,11 +26,16 @@ class Identity(pulumi.ComponentResource):
         super().__init__("gemmaserve:gcp:Identity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.account = gcp.serviceaccount.Account(
-            f"{name}-sa", project=args.project, account_id=args.account_id,
-            display_name=f"gemmaserve hosts ({args.stack})", opts=child)
+            f"{name}-sa",
+            project=args.project,
+            account_id=args.account_id,
+            display_name=f"gemmaserve hosts ({args.stack})",
+            opts=child,
+        )
         self.email = self.account.email
         self.member = self.account.email.apply(lambda email: f"serviceAccount:{email}")
         for role in HOST_PROJECT_ROLES:
             gcp.projects.IAMMember(
-                f"{name}-{role.split('/')[-1]}", project=args.project, role=role, member=self.member, opts=child)
+                f"{name}-{role.split('/')[-1]}", project=args.project, role=role, member=self.member, opts=child
+            )
         self.register_outputs({"email": self.email})

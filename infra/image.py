@@ -35,13 +35,25 @@ class ServingImage(pulumi.ComponentResource):
         super().__init__("gemmaserve:gcp:ServingImage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.repository = gcp.artifactregistry.Repository(
-            f"{name}-repo", project=args.project, location=args.location, repository_id=args.repository_id,
-            format="DOCKER", description="gemmaserve serving images (pinned vLLM + transformers)",
+            f"{name}-repo",
+            project=args.project,
+            location=args.location,
+            repository_id=args.repository_id,
+            format="DOCKER",
+            description="gemmaserve serving images (pinned vLLM + transformers)",
             docker_config=gcp.artifactregistry.RepositoryDockerConfigArgs(immutable_tags=True),
-            labels=args.labels, opts=child)
+            labels=args.labels,
+            opts=child,
+        )
         gcp.artifactregistry.RepositoryIamMember(
-            f"{name}-reader", project=args.project, location=args.location, repository=self.repository.name,
-            role=READER_ROLE, member=args.reader_member, opts=child)
+            f"{name}-reader",
+            project=args.project,
+            location=args.location,
+            repository=self.repository.name,
+            role=READER_ROLE,
+            member=args.reader_member,
+            opts=child,
+        )
         registry = f"{args.location}-docker.pkg.dev"
         self.repository_url = pulumi.Output.concat(registry, "/", args.project, "/", self.repository.repository_id)
         self.image_ref: pulumi.Output[str] | None = None
@@ -54,15 +66,22 @@ class ServingImage(pulumi.ComponentResource):
                 f"{name}-serving",
                 image_name=pulumi.Output.concat(self.repository_url, "/vllm-gemma4:", tag),
                 build=docker.DockerBuildArgs(
-                    context=str(DOCKERFILE_DIR), dockerfile=str(DOCKERFILE_DIR / "Dockerfile"),
+                    context=str(DOCKERFILE_DIR),
+                    dockerfile=str(DOCKERFILE_DIR / "Dockerfile"),
                     platform="linux/amd64",
-                    args={"BASE_IMAGE": args.base_image, "VLLM_VERSION": args.vllm_version,
-                          "TRANSFORMERS_VERSION": args.transformers_version,
-                          "CHAT_TEMPLATE_URL": CHAT_TEMPLATE_URL.format(version=args.vllm_version),
-                          "CHAT_TEMPLATE_PATH": CHAT_TEMPLATE_PATH}),
-                registry=docker.RegistryArgs(server=registry, username="oauth2accesstoken",
-                                             password=pulumi.Output.secret(token)),
-                opts=child)
+                    args={
+                        "BASE_IMAGE": args.base_image,
+                        "VLLM_VERSION": args.vllm_version,
+                        "TRANSFORMERS_VERSION": args.transformers_version,
+                        "CHAT_TEMPLATE_URL": CHAT_TEMPLATE_URL.format(version=args.vllm_version),
+                        "CHAT_TEMPLATE_PATH": CHAT_TEMPLATE_PATH,
+                    },
+                ),
+                registry=docker.RegistryArgs(
+                    server=registry, username="oauth2accesstoken", password=pulumi.Output.secret(token)
+                ),
+                opts=child,
+            )
             # The digest pins what hosts run, even if someone pushes the same tag elsewhere.
             self.image_ref = image.repo_digest
         self.register_outputs({"repository_url": self.repository_url, "image": self.image_ref})

@@ -31,31 +31,61 @@ class ServingLoadBalancer(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         groups = [
             gcp.compute.InstanceGroup(
-                f"{name}-{zone}", zone=zone, instances=instances, network=args.network,
-                named_ports=[gcp.compute.InstanceGroupNamedPortArgs(name="http", port=args.port)], opts=child)
+                f"{name}-{zone}",
+                zone=zone,
+                instances=instances,
+                network=args.network,
+                named_ports=[gcp.compute.InstanceGroupNamedPortArgs(name="http", port=args.port)],
+                opts=child,
+            )
             for zone, instances in args.instances_by_zone.items()
         ]
         health = gcp.compute.RegionHealthCheck(
-            f"{name}-health", region=args.region, check_interval_sec=10, timeout_sec=5, healthy_threshold=1,
+            f"{name}-health",
+            region=args.region,
+            check_interval_sec=10,
+            timeout_sec=5,
+            healthy_threshold=1,
             unhealthy_threshold=3,
-            http_health_check=gcp.compute.RegionHealthCheckHttpHealthCheckArgs(port=args.port, request_path=HEALTH_PATH),
-            opts=child)
+            http_health_check=gcp.compute.RegionHealthCheckHttpHealthCheckArgs(
+                port=args.port, request_path=HEALTH_PATH
+            ),
+            opts=child,
+        )
         self.backend = gcp.compute.RegionBackendService(
-            f"{name}-backend", region=args.region, protocol="HTTP", port_name="http",
+            f"{name}-backend",
+            region=args.region,
+            protocol="HTTP",
+            port_name="http",
             load_balancing_scheme="INTERNAL_MANAGED",
             # Generation lengths vary by orders of magnitude: send each request to the least busy host.
             locality_lb_policy="LEAST_REQUEST",
             # Long generations and streamed responses outlive the 30 s default.
             timeout_sec=600,
             health_checks=health.id,
-            backends=[gcp.compute.RegionBackendServiceBackendArgs(
-                group=group.self_link, balancing_mode="UTILIZATION", capacity_scaler=1.0) for group in groups],
-            opts=child)
-        url_map = gcp.compute.RegionUrlMap(f"{name}-urls", region=args.region, default_service=self.backend.id, opts=child)
+            backends=[
+                gcp.compute.RegionBackendServiceBackendArgs(
+                    group=group.self_link, balancing_mode="UTILIZATION", capacity_scaler=1.0
+                )
+                for group in groups
+            ],
+            opts=child,
+        )
+        url_map = gcp.compute.RegionUrlMap(
+            f"{name}-urls", region=args.region, default_service=self.backend.id, opts=child
+        )
         proxy = gcp.compute.RegionTargetHttpProxy(f"{name}-proxy", region=args.region, url_map=url_map.id, opts=child)
         self.forwarding_rule = gcp.compute.ForwardingRule(
-            f"{name}-rule", region=args.region, load_balancing_scheme="INTERNAL_MANAGED", ip_protocol="TCP",
-            port_range=str(args.port), target=proxy.id, network=args.network, subnetwork=args.subnetwork,
-            labels=args.labels, opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on))
+            f"{name}-rule",
+            region=args.region,
+            load_balancing_scheme="INTERNAL_MANAGED",
+            ip_protocol="TCP",
+            port_range=str(args.port),
+            target=proxy.id,
+            network=args.network,
+            subnetwork=args.subnetwork,
+            labels=args.labels,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
+        )
         self.address = self.forwarding_rule.ip_address
         self.register_outputs({"address": self.address})

@@ -35,22 +35,41 @@ class HfTokenSecret(pulumi.ComponentResource):
             secret_id, project = secret_path.split("/")[3], secret_path.split("/")[1]
         else:
             if args.replication == "automatic":
-                replication = gcp.secretmanager.SecretReplicationArgs(auto=gcp.secretmanager.SecretReplicationAutoArgs())
+                replication = gcp.secretmanager.SecretReplicationArgs(
+                    auto=gcp.secretmanager.SecretReplicationAutoArgs()
+                )
             else:
                 replication = gcp.secretmanager.SecretReplicationArgs(
-                    user_managed=gcp.secretmanager.SecretReplicationUserManagedArgs(replicas=[
-                        gcp.secretmanager.SecretReplicationUserManagedReplicaArgs(location=region)
-                        for region in args.replication]))
+                    user_managed=gcp.secretmanager.SecretReplicationUserManagedArgs(
+                        replicas=[
+                            gcp.secretmanager.SecretReplicationUserManagedReplicaArgs(location=region)
+                            for region in args.replication
+                        ]
+                    )
+                )
             secret = gcp.secretmanager.Secret(
-                f"{name}-secret", project=args.project, secret_id=secret_path, replication=replication,
-                labels=args.labels, opts=child)
+                f"{name}-secret",
+                project=args.project,
+                secret_id=secret_path,
+                replication=replication,
+                labels=args.labels,
+                opts=child,
+            )
             if args.token is not None:
                 gcp.secretmanager.SecretVersion(
-                    f"{name}-version", secret=secret.id, secret_data=pulumi.Output.secret(args.token),
-                    opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["secret_data"]))
+                    f"{name}-version",
+                    secret=secret.id,
+                    secret_data=pulumi.Output.secret(args.token),
+                    opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["secret_data"]),
+                )
             self.secret_name = secret.name
             secret_id, project = secret.secret_id, args.project
         gcp.secretmanager.SecretIamMember(
-            f"{name}-accessor", project=project, secret_id=secret_id, role=ACCESSOR_ROLE,
-            member=args.accessor_member, opts=child)
+            f"{name}-accessor",
+            project=project,
+            secret_id=secret_id,
+            role=ACCESSOR_ROLE,
+            member=args.accessor_member,
+            opts=child,
+        )
         self.register_outputs({"secret_name": self.secret_name})

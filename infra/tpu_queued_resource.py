@@ -17,7 +17,9 @@ import json
 import re
 import sys
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from datetime import UTC
+from typing import Any, Protocol
 
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider
@@ -26,14 +28,32 @@ ACTIVE = "ACTIVE"
 FAILED_STATES = ("FAILED", "SUSPENDED")
 # Fields that shape the request: changing any of them needs a new queued resource (the API has no update).
 REQUEST_KEYS = (
-    "project", "zones", "queued_resource_id", "node_id", "accelerator_type", "runtime_version", "provisioning",
-    "reservation", "max_run_seconds", "valid_until_seconds", "valid_after", "network", "subnetworks",
-    "service_account", "scopes", "labels", "tags", "metadata", "enable_external_ips",
+    "project",
+    "zones",
+    "queued_resource_id",
+    "node_id",
+    "accelerator_type",
+    "runtime_version",
+    "provisioning",
+    "reservation",
+    "max_run_seconds",
+    "valid_until_seconds",
+    "valid_after",
+    "network",
+    "subnetworks",
+    "service_account",
+    "scopes",
+    "labels",
+    "tags",
+    "metadata",
+    "enable_external_ips",
 )
 # How Compute/TPU say "this zone has no capacity right now" (status names and message fragments).
 _CAPACITY = re.compile(
     r"RESOURCE_EXHAUSTED|ZONE_RESOURCE_POOL_EXHAUSTED|STOCKOUT|no more capacity|insufficient capacity"
-    r"|does not have enough resources|capacity", re.IGNORECASE)
+    r"|does not have enough resources|capacity",
+    re.IGNORECASE,
+)
 TPU_API = "https://tpu.googleapis.com/v2alpha1"
 
 
@@ -93,11 +113,15 @@ def build_request(props: dict[str, Any], zone: str) -> dict[str, Any]:
     if props.get("metadata"):
         node["metadata"] = dict(props["metadata"])
     body: dict[str, Any] = {
-        "tpu": {"nodeSpec": [{
-            "parent": f"projects/{props['project']}/locations/{zone}",
-            "nodeId": props["node_id"],
-            "node": node,
-        }]},
+        "tpu": {
+            "nodeSpec": [
+                {
+                    "parent": f"projects/{props['project']}/locations/{zone}",
+                    "nodeId": props["node_id"],
+                    "node": node,
+                }
+            ]
+        },
     }
     provisioning = props["provisioning"]
     if provisioning == "spot":
@@ -107,8 +131,10 @@ def build_request(props: dict[str, Any], zone: str) -> dict[str, Any]:
     elif provisioning == "reserved":
         body["guaranteed"] = {"reserved": True}
         body["reservationName"] = (
-            props["reservation"] if props["reservation"].startswith("projects/")
-            else f"projects/{props['project']}/locations/{zone}/reservations/{props['reservation']}")
+            props["reservation"]
+            if props["reservation"].startswith("projects/")
+            else f"projects/{props['project']}/locations/{zone}/reservations/{props['reservation']}"
+        )
     elif provisioning == "flex-start":
         # Flex-start (Dynamic Workload Scheduler): what `gcloud alpha compute tpus queued-resources create
         # --provisioning-model=flex-start --max-run-duration=...` sends. The v2alpha1 proto in
@@ -140,9 +166,9 @@ def _parse_time(value: str) -> float:
 
 
 def _rfc3339(epoch: float) -> str:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def state_of(queued_resource: dict) -> str:
@@ -192,8 +218,12 @@ class GoogleTpuApi:
         except ParseError:
             # Fields newer than the installed proto (flex-start): same API, over REST.
             return self._create_over_rest(parent, queued_resource_id, body)
-        operation = self._call(self._client.create_queued_resource, parent=parent,
-                               queued_resource_id=queued_resource_id, queued_resource=message)
+        operation = self._call(
+            self._client.create_queued_resource,
+            parent=parent,
+            queued_resource_id=queued_resource_id,
+            queued_resource=message,
+        )
         self._call(operation.result, timeout=600)
 
     def _create_over_rest(self, parent: str, queued_resource_id: str, body: dict) -> None:
@@ -202,15 +232,21 @@ class GoogleTpuApi:
 
         credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
         session = AuthorizedSession(credentials)
-        response = session.post(f"{TPU_API}/{parent}/queuedResources", params={"queuedResourceId": queued_resource_id},
-                                json=body, timeout=60)
+        response = session.post(
+            f"{TPU_API}/{parent}/queuedResources",
+            params={"queuedResourceId": queued_resource_id},
+            json=body,
+            timeout=60,
+        )
         operation = self._rest_json(response)
         while not operation.get("done"):
             time.sleep(5)
             operation = self._rest_json(session.get(f"{TPU_API}/{operation['name']}", timeout=60))
         if "error" in operation:
             error = operation["error"]
-            raise ApiError(int(error.get("code", 0)), str(error.get("status", error.get("code"))), error.get("message", ""))
+            raise ApiError(
+                int(error.get("code", 0)), str(error.get("status", error.get("code"))), error.get("message", "")
+            )
 
     @staticmethod
     def _rest_json(response) -> dict:
@@ -237,9 +273,14 @@ class GoogleTpuApi:
 class QueuedResourceProvider(ResourceProvider):
     """create / read / delete / diff for a queued resource; replacement on any request change."""
 
-    def __init__(self, api_factory: Callable[[], TpuApi] | None = None, poll_seconds: float = 30.0,
-                 progress: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        api_factory: Callable[[], TpuApi] | None = None,
+        poll_seconds: float = 30.0,
+        progress: Callable[[str], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.api_factory = api_factory
         self.poll_seconds = poll_seconds
         self.progress = progress
@@ -313,8 +354,15 @@ class QueuedResourceProvider(ResourceProvider):
             node = {}
         endpoints = node.get("networkEndpoints") or [{}]
         external = (endpoints[0].get("accessConfig") or {}).get("externalIp") or None
-        return {**props, "zone": zone, "queued_resource_name": name, "node_name": node_name, "state": state_of(queued),
-                "internal_ip": endpoints[0].get("ipAddress"), "external_ip": external}
+        return {
+            **props,
+            "zone": zone,
+            "queued_resource_name": name,
+            "node_name": node_name,
+            "state": state_of(queued),
+            "internal_ip": endpoints[0].get("ipAddress"),
+            "external_ip": external,
+        }
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         api = self._api()
@@ -344,8 +392,19 @@ class TpuQueuedResource(Resource):
     internal_ip: pulumi.Output[str]
     external_ip: pulumi.Output[str | None]
 
-    def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None,
-                 provider: ResourceProvider | None = None):
-        outputs = {"zone": None, "queued_resource_name": None, "node_name": None, "state": None, "internal_ip": None,
-                   "external_ip": None}
+    def __init__(
+        self,
+        name: str,
+        props: dict[str, Any],
+        opts: pulumi.ResourceOptions | None = None,
+        provider: ResourceProvider | None = None,
+    ):
+        outputs = {
+            "zone": None,
+            "queued_resource_name": None,
+            "node_name": None,
+            "state": None,
+            "internal_ip": None,
+            "external_ip": None,
+        }
         super().__init__(provider or QueuedResourceProvider(), name, {**outputs, **props}, opts)

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
-
 from config import CLOUD_PLATFORM_SCOPE
 from tpu_queued_resource import TpuQueuedResource
 
@@ -61,7 +60,8 @@ class TpuSlice(pulumi.ComponentResource):
             "wait_timeout_seconds": (args.valid_until_seconds or 3 * 3600) + 600,
         }
         self.queued_resource = TpuQueuedResource(
-            f"{name}-qr", props, pulumi.ResourceOptions(parent=self, protect=args.protect))
+            f"{name}-qr", props, pulumi.ResourceOptions(parent=self, protect=args.protect)
+        )
         self.node_name = pulumi.Output.from_input(props["node_id"])
         self.zone = self.queued_resource.zone
         self.internal_ip = self.queued_resource.internal_ip

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pulumi_policy import (
     EnforcementLevel,
@@ -26,8 +27,11 @@ DYNAMIC = "pulumi-python:dynamic:Resource"
 STACK = "pulumi:pulumi:Stack"
 # GCP resources gemmaserve labels (cost attribution, cleanup); TPU queued resources carry node labels.
 LABELED_TYPES = (
-    INSTANCE, "gcp:compute/disk:Disk", "gcp:secretmanager/secret:Secret",
-    "gcp:artifactregistry/repository:Repository", "gcp:compute/forwardingRule:ForwardingRule",
+    INSTANCE,
+    "gcp:compute/disk:Disk",
+    "gcp:secretmanager/secret:Secret",
+    "gcp:artifactregistry/repository:Repository",
+    "gcp:compute/forwardingRule:ForwardingRule",
 )
 DEFAULT_REQUIRED_LABELS = ("app", "managed-by", "stack")
 DEFAULT_SERVING_PORTS = (8080,)
@@ -67,8 +71,9 @@ def _ports(allow: Mapping[str, Any]) -> list[tuple[int, int]] | None:
     return spans
 
 
-def check_world_serving_port(resource_type: str, props: Mapping[str, Any],
-                             serving_ports: Iterable[int] = DEFAULT_SERVING_PORTS) -> list[str]:
+def check_world_serving_port(
+    resource_type: str, props: Mapping[str, Any], serving_ports: Iterable[int] = DEFAULT_SERVING_PORTS
+) -> list[str]:
     """No ingress from 0.0.0.0/0 (or ::/0) to a serving port, or to all ports."""
     if resource_type != FIREWALL or props.get("direction", "INGRESS") != "INGRESS":
         return []
@@ -113,8 +118,9 @@ def check_queued_resource_protected(resource_type: str, props: Mapping[str, Any]
     return []
 
 
-def check_labels(resource_type: str, props: Mapping[str, Any],
-                 required: Iterable[str] = DEFAULT_REQUIRED_LABELS) -> list[str]:
+def check_labels(
+    resource_type: str, props: Mapping[str, Any], required: Iterable[str] = DEFAULT_REQUIRED_LABELS
+) -> list[str]:
     if resource_type not in LABELED_TYPES and not is_queued_resource(resource_type, props):
         return []
     labels = props.get("labels") or {}
@@ -148,6 +154,7 @@ def _report(problems: list[str], report: ReportViolation, urn: str | None = None
 
 # The validate callbacks: (args, report) as pulumi-policy calls them; tests call them the same way.
 
+
 def validate_external_ip(args: ResourceValidationArgs, report: ReportViolation) -> None:
     allow = bool(args.get_config().get("allowExternalIp", False))
     _report(check_external_ip(args.resource_type, args.props, allow), report)
@@ -180,25 +187,60 @@ def validate_stack_outputs(args: StackValidationArgs, report: ReportViolation) -
 
 
 def _mandatory(name: str, description: str, validate, schema: PolicyConfigSchema | None = None):
-    return ResourceValidationPolicy(name=name, description=description, validate=validate,
-                                    enforcement_level=EnforcementLevel.MANDATORY, config_schema=schema)
+    return ResourceValidationPolicy(
+        name=name,
+        description=description,
+        validate=validate,
+        enforcement_level=EnforcementLevel.MANDATORY,
+        config_schema=schema,
+    )
 
 
 POLICIES = [
-    _mandatory("no-external-ip", "Serving machines have no external IP unless allowExternalIp is set.",
-               validate_external_ip,
-               PolicyConfigSchema(properties={"allowExternalIp": {"type": "boolean", "default": False}})),
-    _mandatory("no-world-serving-port", "No firewall opens the serving port (or all ports) to 0.0.0.0/0.",
-               validate_world_serving_port,
-               PolicyConfigSchema(properties={"servingPorts": {
-                   "type": "array", "items": {"type": "integer"}, "default": list(DEFAULT_SERVING_PORTS)}})),
-    _mandatory("flex-start-max-run-duration", "Flex-start capacity declares a max run duration of at most 7 days.",
-               validate_flex_start_duration),
-    _mandatory("tpu-queued-resource-protected", "TPU queued resources are protected from accidental deletion.",
-               validate_queued_resource_protected),
-    _mandatory("labels-present", "Labelable resources carry the gemmaserve labels.", validate_labels,
-               PolicyConfigSchema(properties={"requiredLabels": {
-                   "type": "array", "items": {"type": "string"}, "default": list(DEFAULT_REQUIRED_LABELS)}})),
-    StackValidationPolicy(name="no-plaintext-secret-outputs", description="Stack outputs never carry a token.",
-                          validate=validate_stack_outputs, enforcement_level=EnforcementLevel.MANDATORY),
+    _mandatory(
+        "no-external-ip",
+        "Serving machines have no external IP unless allowExternalIp is set.",
+        validate_external_ip,
+        PolicyConfigSchema(properties={"allowExternalIp": {"type": "boolean", "default": False}}),
+    ),
+    _mandatory(
+        "no-world-serving-port",
+        "No firewall opens the serving port (or all ports) to 0.0.0.0/0.",
+        validate_world_serving_port,
+        PolicyConfigSchema(
+            properties={
+                "servingPorts": {"type": "array", "items": {"type": "integer"}, "default": list(DEFAULT_SERVING_PORTS)}
+            }
+        ),
+    ),
+    _mandatory(
+        "flex-start-max-run-duration",
+        "Flex-start capacity declares a max run duration of at most 7 days.",
+        validate_flex_start_duration,
+    ),
+    _mandatory(
+        "tpu-queued-resource-protected",
+        "TPU queued resources are protected from accidental deletion.",
+        validate_queued_resource_protected,
+    ),
+    _mandatory(
+        "labels-present",
+        "Labelable resources carry the gemmaserve labels.",
+        validate_labels,
+        PolicyConfigSchema(
+            properties={
+                "requiredLabels": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "default": list(DEFAULT_REQUIRED_LABELS),
+                }
+            }
+        ),
+    ),
+    StackValidationPolicy(
+        name="no-plaintext-secret-outputs",
+        description="Stack outputs never carry a token.",
+        validate=validate_stack_outputs,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    ),
 ]

@@ -47,10 +47,12 @@ class PathStates(FactBase):
 
     def command(self, paths: tuple[str, ...]) -> str:
         quoted = " ".join(shlex.quote(p) for p in paths)
-        return (f"for p in {quoted}; do "
-                "if [ -f \"$p\" ]; then echo \"file $(stat -c '%U %G %a' \"$p\") $(sha1sum < \"$p\" | cut -d' ' -f1)\"; "
-                "elif [ -d \"$p\" ]; then echo \"directory $(stat -c '%U %G %a' \"$p\") -\"; "
-                "else echo absent; fi; done")
+        return (
+            f"for p in {quoted}; do "
+            'if [ -f "$p" ]; then echo "file $(stat -c \'%U %G %a\' "$p") $(sha1sum < "$p" | cut -d\' \' -f1)"; '
+            'elif [ -d "$p" ]; then echo "directory $(stat -c \'%U %G %a\' "$p") -"; '
+            "else echo absent; fi; done"
+        )
 
     def process(self, output: list[str]) -> list[PathState]:
         states = []
@@ -69,8 +71,10 @@ class UnitStates(FactBase):
 
     def command(self, units: tuple[str, ...]) -> str:
         quoted = " ".join(shlex.quote(u) for u in units)
-        return (f"for u in {quoted}; do echo \"$u $(systemctl is-active -- \"$u\" 2>/dev/null || true) "
-                "$(systemctl is-enabled -- \"$u\" 2>/dev/null || true)\"; done")
+        return (
+            f'for u in {quoted}; do echo "$u $(systemctl is-active -- "$u" 2>/dev/null || true) '
+            '$(systemctl is-enabled -- "$u" 2>/dev/null || true)"; done'
+        )
 
     def process(self, output: list[str]) -> dict[str, tuple[str, str]]:
         states = {}
@@ -104,7 +108,7 @@ class Snapshot:
         path_states = host.get_fact(PathStates, paths=paths) if paths else []
         if len(path_states) != len(paths):  # an unreadable answer: fall back to pyinfra's own checks
             path_states = [PathState("unknown")] * len(paths)
-        self.paths = dict(zip(paths, path_states))
+        self.paths = dict(zip(paths, path_states, strict=True))
         self.units = host.get_fact(UnitStates, units=units) if units else {}
 
     def _matches(self, path: str, kind: str, user: str, group: str, mode: str) -> PathState | None:
@@ -113,8 +117,16 @@ class Snapshot:
             return None
         return state
 
-    def put(self, *, name: str, dest: str, content: str | bytes | Path, user: str = "root", group: str = "root",
-            mode: str = "0644") -> Any:
+    def put(
+        self,
+        *,
+        name: str,
+        dest: str,
+        content: str | bytes | Path,
+        user: str = "root",
+        group: str = "root",
+        mode: str = "0644",
+    ) -> Any:
         """`files.put`, emitted only when `dest` differs from `content` (or its owner or mode does)."""
         data = content.read_bytes() if isinstance(content, Path) else content
         data = data.encode() if isinstance(data, str) else data
@@ -132,8 +144,9 @@ class Snapshot:
     def is_failed(self, unit: str) -> bool:
         return self.units.get(unit, ("", ""))[0] == "failed"
 
-    def service(self, *, name: str, service: str, running: bool | None = True, enabled: bool | None = True,
-                **extra: Any) -> Any:
+    def service(
+        self, *, name: str, service: str, running: bool | None = True, enabled: bool | None = True, **extra: Any
+    ) -> Any:
         """`systemd.service` keeping a unit running and/or enabled, emitted only when it is not."""
         active, enablement = self.units.get(service, ("unknown", ""))
         running_ok = running is None or (active == "active") == running
@@ -153,6 +166,11 @@ def packages(*, name: str, packages: list[str]) -> Any:
 
 def render(template: Path, **context: Any) -> str:
     """A role template rendered as pyinfra's `files.template` renders it (strict, trailing newline kept)."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(template.parent), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(template.parent),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     return env.get_template(template.name).render(**context)

@@ -65,14 +65,16 @@ def _first_token_after(host: state.Host, restart: str, log: Log, timeout: float 
     started = time.monotonic()
     hosts.in_host(host, "/bin/sh", "-c", restart, timeout=120)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    payload = json.dumps({"model": model, "stream": True, "max_tokens": 4,
-                          "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    payload = json.dumps(
+        {"model": model, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+    ).encode()
     while time.monotonic() - started < timeout:
         try:
             status, _ = request(f"http://{host.address}:8080/health", timeout=2)
             if status == 200:
-                req = urllib.request.Request(f"{base}/chat/completions", data=payload,
-                                             headers={"Content-Type": "application/json"})
+                req = urllib.request.Request(
+                    f"{base}/chat/completions", data=payload, headers={"Content-Type": "application/json"}
+                )
                 with opener.open(req, timeout=60) as response:
                     first = None
                     for line in response:
@@ -104,8 +106,14 @@ def _pyinfra(names: list[str], data: Path | None = None) -> tuple[float, float]:
         env[OVERRIDE_ENV] = str(data)
     limits = [arg for name in names for arg in ("--limit", name)]
     cpu, started = _busy_cpu_s(), time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "pyinfra", "-y", *limits, "hosts/sandbox.py", "deploy.py"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", *limits, "hosts/sandbox.py", "deploy.py"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     if result.returncode:
         raise RuntimeError(f"deploy to {names} failed:\n" + result.stdout[-3000:])
     return time.monotonic() - started, _busy_cpu_s() - cpu
@@ -132,8 +140,9 @@ def measure_deploy(log: Log = print) -> dict[str, float]:
     [host] = hosts.up_hosts([index], log=log)
     figures["host_up_s"] = time.monotonic() - started
     compiled = rootfs.CACHE_DIR / "bench-compiled.yaml"
-    compiled.write_text(yaml.safe_dump({"gemmaserve_workload": {**DEFAULT_DATA["gemmaserve_workload"],
-                                                                "enforce_eager": False}}))
+    compiled.write_text(
+        yaml.safe_dump({"gemmaserve_workload": {**DEFAULT_DATA["gemmaserve_workload"], "enforce_eager": False}})
+    )
     try:
         for figure in ("deploy_s", "noop_redeploy_s"):
             figures[figure], _ = _pyinfra([host.name])
@@ -177,7 +186,8 @@ def measure_fleet(size: int = 4, log: Log = print) -> dict[str, float]:
         figures[f"{size}_hosts_over_1"] = figures[f"deploy_{size}_hosts_s"] / figures["deploy_1_host_s"]
         # Above 1.0 only by what orchestration adds on top of the work the hosts' CPUs must do.
         figures[f"{size}_hosts_over_max_1_host_and_cpu_floor"] = figures[f"deploy_{size}_hosts_s"] / max(
-            figures["deploy_1_host_s"], figures[f"deploy_{size}_hosts_cpu_floor_s"])
+            figures["deploy_1_host_s"], figures[f"deploy_{size}_hosts_cpu_floor_s"]
+        )
     finally:
         hosts.down(names, log=log)
     return figures

@@ -31,19 +31,31 @@ def base() -> None:
         now.service(name="Run chrony for time sync", service="chrony.service", running=True, enabled=True)
     account = (host.get_fact(Command, "getent group gemmaserve; getent passwd gemmaserve || true") or "").splitlines()
     expected_user = f":{STATE_DIR}:/usr/sbin/nologin"
-    if not (len(account) == 2 and account[0].startswith("gemmaserve:") and account[1].endswith(expected_user)
-            and account[1].split(":")[3] == account[0].split(":")[2]):
+    if not (
+        len(account) == 2
+        and account[0].startswith("gemmaserve:")
+        and account[1].endswith(expected_user)
+        and account[1].split(":")[3] == account[0].split(":")[2]
+    ):
         server.group(name="Create the gemmaserve group", group="gemmaserve", system=True)
         server.user(
-            name="Create the gemmaserve system user", user="gemmaserve", group="gemmaserve", home=STATE_DIR,
-            shell="/usr/sbin/nologin", system=True, ensure_home=False,
+            name="Create the gemmaserve system user",
+            user="gemmaserve",
+            group="gemmaserve",
+            home=STATE_DIR,
+            shell="/usr/sbin/nologin",
+            system=True,
+            ensure_home=False,
         )
     now.directory(name="Create /etc/gemmaserve", path="/etc/gemmaserve", user="root", group="gemmaserve", mode="0750")
     for path in (STATE_DIR, HF_HOME):
         now.directory(name=f"Create {path}", path=path, user="gemmaserve", group="gemmaserve", mode="0750")
     limit = host.data.base_nofile
-    now.put(name="Raise open-file limits for the gemmaserve user", dest=limits,
-            content=f"gemmaserve soft nofile {limit}\ngemmaserve hard nofile {limit}\n")
+    now.put(
+        name="Raise open-file limits for the gemmaserve user",
+        dest=limits,
+        content=f"gemmaserve soft nofile {limit}\ngemmaserve hard nofile {limit}\n",
+    )
 
 
 def distro_key(distribution: dict) -> tuple[str, str]:

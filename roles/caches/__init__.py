@@ -38,19 +38,41 @@ def cache_args(serving: Plan) -> str:
 def caches(serving: Plan) -> None:
     tmpfiles_conf, script = "/etc/tmpfiles.d/gemmaserve.conf", f"{LIB_DIR}/compile_cache.py"
     units = (RESTORE_UNIT, "gemmaserve-cache-save.service", "gemmaserve-cache-save.timer")
-    now = Snapshot(paths=[tmpfiles_conf, DISK_ROOT, script, *(f"/etc/systemd/system/{u}" for u in units)],
-                   units=[RESTORE_UNIT, "gemmaserve-cache-save.timer"])
-    tmpfiles = now.put(name="Create the /dev/shm cache root at every boot (tmpfiles.d)", dest=tmpfiles_conf,
-                       content=f"d {SHM_CACHE_ROOT} 0750 gemmaserve gemmaserve -\n")
-    server.shell(name="Create the /dev/shm cache root now", commands=[f"systemd-tmpfiles --create {tmpfiles_conf}"],
-                 _if=tmpfiles.did_change)
+    now = Snapshot(
+        paths=[tmpfiles_conf, DISK_ROOT, script, *(f"/etc/systemd/system/{u}" for u in units)],
+        units=[RESTORE_UNIT, "gemmaserve-cache-save.timer"],
+    )
+    tmpfiles = now.put(
+        name="Create the /dev/shm cache root at every boot (tmpfiles.d)",
+        dest=tmpfiles_conf,
+        content=f"d {SHM_CACHE_ROOT} 0750 gemmaserve gemmaserve -\n",
+    )
+    server.shell(
+        name="Create the /dev/shm cache root now",
+        commands=[f"systemd-tmpfiles --create {tmpfiles_conf}"],
+        _if=tmpfiles.did_change,
+    )
     now.directory(name=f"Create {DISK_ROOT}", path=DISK_ROOT, user="root", group="root", mode="0750")
     now.put(name="Install the compile cache tool", content=PACKAGE_DIR / "compile_cache.py", dest=script)
-    context = {"script": script, "args": cache_args(serving), "disk": DISK_ROOT, "shm": SHM_CACHE_ROOT,
-               "save_timeout": host.data.cache_save_timeout, "interval": host.data.cache_save_interval}
-    rendered = [now.put(name=f"Install {unit}", content=render(TEMPLATES / f"{unit}.j2", **context),
-                        dest=f"/etc/systemd/system/{unit}") for unit in units]
-    systemd.daemon_reload(name="Reload systemd units for the caches", _if=lambda: any(op.did_change() for op in rendered))
+    context = {
+        "script": script,
+        "args": cache_args(serving),
+        "disk": DISK_ROOT,
+        "shm": SHM_CACHE_ROOT,
+        "save_timeout": host.data.cache_save_timeout,
+        "interval": host.data.cache_save_interval,
+    }
+    rendered = [
+        now.put(
+            name=f"Install {unit}",
+            content=render(TEMPLATES / f"{unit}.j2", **context),
+            dest=f"/etc/systemd/system/{unit}",
+        )
+        for unit in units
+    ]
+    systemd.daemon_reload(
+        name="Reload systemd units for the caches", _if=lambda: any(op.did_change() for op in rendered)
+    )
     # Restarting the restore unit would save then restore: harmless, and it picks up new keys.
     now.service(name=f"Run {RESTORE_UNIT}", service=RESTORE_UNIT, enabled=True, running=True)
     now.service(name="Save caches periodically", service="gemmaserve-cache-save.timer", enabled=True, running=True)

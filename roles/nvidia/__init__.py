@@ -36,7 +36,9 @@ OPEN_MODULES_ONLY = {"rtx-pro-6000", "b200"}
 FABRIC_MANAGER = "nvidia-fabricmanager"
 TOOLKIT = "nvidia-container-toolkit"
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
-APT_GET = "DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
+APT_GET = (
+    "DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
+)
 
 
 class NvidiaKernelModule(FactBase[dict | None]):
@@ -103,7 +105,9 @@ def cuda_distro(distribution: dict) -> str:
         return CUDA_DISTROS[(distro_id, version)]
     except KeyError:
         supported = ", ".join(f"{d} {v}" for d, v in CUDA_DISTROS)
-        raise ValueError(f"{distro_id} {version}: no NVIDIA driver support in gemmaserve; supported: {supported}") from None
+        raise ValueError(
+            f"{distro_id} {version}: no NVIDIA driver support in gemmaserve; supported: {supported}"
+        ) from None
 
 
 def driver_package(open_modules: bool) -> str:
@@ -142,8 +146,10 @@ def driver(branch: int, open_modules: bool):
     repo = CUDA_REPO.format(distro=distro)
     refresh = False
     if _installed("cuda-keyring") is None:
-        yield (f"curl -fsSL -o /tmp/{CUDA_KEYRING} {repo}/{CUDA_KEYRING} && dpkg -i /tmp/{CUDA_KEYRING}"
-               f" && rm -f /tmp/{CUDA_KEYRING}")
+        yield (
+            f"curl -fsSL -o /tmp/{CUDA_KEYRING} {repo}/{CUDA_KEYRING} && dpkg -i /tmp/{CUDA_KEYRING}"
+            f" && rm -f /tmp/{CUDA_KEYRING}"
+        )
         refresh = True
     wanted_pin = pin_text(branch)
     if "\n".join(host.get_fact(FileContents, path=PIN_FILE) or []) + "\n" != wanted_pin:
@@ -157,8 +163,10 @@ def driver(branch: int, open_modules: bool):
     yield f"{APT_GET} update"
     other = driver_package(not open_modules)
     # --allow-downgrades: a branch change down (e.g. 590 -> 580) is a downgrade apt must be allowed.
-    yield (f"{APT_GET} --allow-downgrades install linux-headers-$(uname -r) {package}"
-           + (f" {other}-" if _installed(other) else ""))
+    yield (
+        f"{APT_GET} --allow-downgrades install linux-headers-$(uname -r) {package}"
+        + (f" {other}-" if _installed(other) else "")
+    )
 
 
 @operation()
@@ -175,8 +183,7 @@ def fabric_manager(interconnect: str, gpu_count: int, open_modules: bool):
         host.noop(f"{FABRIC_MANAGER} {wanted} matches the driver")
         return
     # The driver may be installed by this same deploy: read its version when the command runs.
-    yield (f"{APT_GET} --allow-downgrades install "
-           f"\"{FABRIC_MANAGER}=$(dpkg-query -W -f='${{Version}}' {package})\"")
+    yield (f"{APT_GET} --allow-downgrades install \"{FABRIC_MANAGER}=$(dpkg-query -W -f='${{Version}}' {package})\"")
 
 
 @operation()
@@ -217,8 +224,9 @@ def reboot_reason(loaded: dict | None, installed: str | None, branch: int, open_
 @operation(is_idempotent=False)
 def reboot_for_driver(branch: int, open_modules: bool, allow_reboot: bool):
     """Reboot when the loaded module is missing or differs from the installed driver, if allowed."""
-    reason = reboot_reason(host.get_fact(NvidiaKernelModule), _installed(driver_package(open_modules)),
-                           branch, open_modules)
+    reason = reboot_reason(
+        host.get_fact(NvidiaKernelModule), _installed(driver_package(open_modules)), branch, open_modules
+    )
     if reason is None:
         host.noop("the loaded NVIDIA module is the installed driver")
         return
@@ -250,15 +258,26 @@ def nvidia(serving: Plan) -> None:
     if found < wanted_gpus:
         raise ValueError(f"{host.name}: the plan wants {wanted_gpus} NVIDIA GPUs, lspci shows {found}")
     apt.packages(name="Install DKMS prerequisites", packages=["dkms", "curl", "pciutils"], no_recommends=True)
-    driver(name=f"Install NVIDIA driver branch {branch} ({'open' if open_modules else 'proprietary'} modules)",
-           branch=branch, open_modules=open_modules)
-    fabric_manager(name="Install NVIDIA fabric manager (NVSwitch systems)",
-                   interconnect=serving.accelerator.interconnect, gpu_count=wanted_gpus, open_modules=open_modules)
+    driver(
+        name=f"Install NVIDIA driver branch {branch} ({'open' if open_modules else 'proprietary'} modules)",
+        branch=branch,
+        open_modules=open_modules,
+    )
+    fabric_manager(
+        name="Install NVIDIA fabric manager (NVSwitch systems)",
+        interconnect=serving.accelerator.interconnect,
+        gpu_count=wanted_gpus,
+        open_modules=open_modules,
+    )
     if serving.engine.kind == "container":
         apt.packages(name="Install Docker", packages=["docker.io"], no_recommends=True)
     container_toolkit(name="Install the NVIDIA container toolkit", engine=serving.engine.kind)
-    reboot_for_driver(name="Reboot into the new NVIDIA driver", branch=branch, open_modules=open_modules,
-                      allow_reboot=allow_reboot("nvidia"))
+    reboot_for_driver(
+        name="Reboot into the new NVIDIA driver",
+        branch=branch,
+        open_modules=open_modules,
+        allow_reboot=allow_reboot("nvidia"),
+    )
     # Persistence mode keeps the driver initialised between replica restarts (no multi-second re-init).
     _start_driver_services(serving)
 
@@ -271,5 +290,9 @@ def _start_driver_services(serving: Plan) -> None:
     # enable them so the next boot does.
     loaded = host.get_fact(NvidiaKernelModule) is not None
     for service in services:
-        systemd.service(name=f"{'Run' if loaded else 'Enable'} {service}", service=service,
-                        enabled=True, running=True if loaded else None)
+        systemd.service(
+            name=f"{'Run' if loaded else 'Enable'} {service}",
+            service=service,
+            enabled=True,
+            running=True if loaded else None,
+        )

@@ -163,8 +163,12 @@ def rocm(serving: Plan) -> None:
         raise ValueError(f"{serving.accelerator.name}: the rocm role supports {', '.join(sorted(SUPPORTED))}")
     version, dkms = str(host.data.rocm_version), bool(host.data.rocm_dkms)
     apt.packages(name="Install ROCm prerequisites", packages=["curl", "ca-certificates", "gnupg"], no_recommends=True)
-    rocm_release(name=f"Install ROCm {version}" + (" with the amdgpu DKMS driver" if dkms else ""),
-         version=version, dkms=dkms, deb=host.data.rocm_installer_deb)
+    rocm_release(
+        name=f"Install ROCm {version}" + (" with the amdgpu DKMS driver" if dkms else ""),
+        version=version,
+        dkms=dkms,
+        deb=host.data.rocm_installer_deb,
+    )
     device_groups(name=f"Add {SERVICE_USER} to the render and video groups")
     if serving.engine.kind == "container":
         # Containers get CONTAINER_DEVICES and DEVICE_GROUPS passed through by the replica unit.

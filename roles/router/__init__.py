@@ -27,16 +27,24 @@ def router(serving: Plan) -> None:
     address = serving.spec.serving.bind_address
     now = Snapshot(paths=[f"{CONFIG}.gemmaserve"], units=["haproxy.service"])
     staged = now.put(
-        name="Render the HAProxy config", dest=f"{CONFIG}.gemmaserve",
-        content=render(TEMPLATES / "haproxy.cfg.j2", bind=host.data.router_bind, port=serving.router_port,
-                       stats_port=host.data.router_stats_port, stream_timeout=host.data.router_stream_timeout,
-                       replicas=serving.replicas, address="127.0.0.1" if address == "0.0.0.0" else address),
+        name="Render the HAProxy config",
+        dest=f"{CONFIG}.gemmaserve",
+        content=render(
+            TEMPLATES / "haproxy.cfg.j2",
+            bind=host.data.router_bind,
+            port=serving.router_port,
+            stats_port=host.data.router_stats_port,
+            stream_timeout=host.data.router_stream_timeout,
+            replicas=serving.replicas,
+            address="127.0.0.1" if address == "0.0.0.0" else address,
+        ),
     )
     server.shell(
         name="Validate the HAProxy config (haproxy -c) and install it",
         commands=[f"haproxy -c -q -f {CONFIG}.gemmaserve && cp {CONFIG}.gemmaserve {CONFIG}"],
         _if=staged.did_change,
     )
-    systemd.service(name="Reload HAProxy", service="haproxy", running=True, enabled=True, reloaded=True,
-                    _if=staged.did_change)
+    systemd.service(
+        name="Reload HAProxy", service="haproxy", running=True, enabled=True, reloaded=True, _if=staged.did_change
+    )
     now.service(name="Keep HAProxy running", service="haproxy.service", enabled=True, running=True)

@@ -42,20 +42,37 @@ def secrets(serving: Plan) -> None:
 def _file_source(path: str) -> None:
     local = host.data.secrets_hf_token_src
     if local:
-        files.put(name=f"Install the Hugging Face token file {path}", src=str(local), dest=path,
-                  user="root", group="root", mode="0400")
+        files.put(
+            name=f"Install the Hugging Face token file {path}",
+            src=str(local),
+            dest=path,
+            user="root",
+            group="root",
+            mode="0400",
+        )
         return
     existing = host.get_fact(File, path=path)
     if not existing:
-        raise MissingSecret(f"{host.name}: secret.file = {path!r}: no such file on the host; place the token there "
-                            "(mode 0400) or set secrets_hf_token_src to a local file to upload")
+        raise MissingSecret(
+            f"{host.name}: secret.file = {path!r}: no such file on the host; place the token there "
+            "(mode 0400) or set secrets_hf_token_src to a local file to upload"
+        )
 
 
 def _secret_manager_source(secret: str) -> None:
     script, unit_path = f"{LIB_DIR}/hf_token.py", f"/etc/systemd/system/{FETCH_UNIT}"
     now = Snapshot(paths=[script, unit_path])
     now.put(name="Install the Secret Manager token fetcher", content=PACKAGE_DIR / "hf_token.py", dest=script)
-    unit = now.put(name=f"Install {FETCH_UNIT}", dest=unit_path,
-                   content=render(TEMPLATES / f"{FETCH_UNIT}.j2", script=script, secret=secret, out=TOKEN_RUNTIME_PATH))
-    systemd.service(name=f"Enable {FETCH_UNIT}", service=FETCH_UNIT, enabled=True, running=None,
-                    daemon_reload=True, _if=unit.did_change)
+    unit = now.put(
+        name=f"Install {FETCH_UNIT}",
+        dest=unit_path,
+        content=render(TEMPLATES / f"{FETCH_UNIT}.j2", script=script, secret=secret, out=TOKEN_RUNTIME_PATH),
+    )
+    systemd.service(
+        name=f"Enable {FETCH_UNIT}",
+        service=FETCH_UNIT,
+        enabled=True,
+        running=None,
+        daemon_reload=True,
+        _if=unit.did_change,
+    )

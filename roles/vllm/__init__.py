@@ -36,8 +36,10 @@ UV_VENV = "/opt/gemmaserve/uv"
 
 def installed_vllm_version(venv: str) -> str | None:
     """`vllm` distribution version inside `venv`, or None when the venv is absent or broken."""
-    probe = (f"test -x {venv}/bin/python && {venv}/bin/python -c "
-             "'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null || true")
+    probe = (
+        f"test -x {venv}/bin/python && {venv}/bin/python -c "
+        "'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null || true"
+    )
     output = (host.get_fact(Command, probe) or "").strip()
     return output.splitlines()[-1] if output else None
 
@@ -69,14 +71,18 @@ def _install_chat_template(serving: Plan, now: Snapshot) -> None:
     else:
         files.download(
             name=f"Install vLLM {serving.engine.version}'s Gemma 4 tool chat template",
-            src=serving.engine.chat_template_url, dest=CHAT_TEMPLATE_PATH, mode="0644",
+            src=serving.engine.chat_template_url,
+            dest=CHAT_TEMPLATE_PATH,
+            mode="0644",
         )
 
 
 def _pull_image(serving: Plan) -> None:
     """The pinned image, pulled once; never `pip install git+...` at container start (seed 04's mistake)."""
     image = serving.engine.image
-    present = (host.get_fact(Command, f"docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null || true") or "").strip()
+    present = (
+        host.get_fact(Command, f"docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null || true") or ""
+    ).strip()
     if not present:
         server.shell(name=f"Pull {image}", commands=[f"docker pull --quiet {image}"])
 
@@ -96,8 +102,10 @@ def _install_wheel(serving: Plan) -> None:
     uv = f"{UV_VENV}/bin/uv"
     server.shell(
         name=f"Install uv {host.data.vllm_uv_version}",
-        commands=[f"test -x {uv} && {uv} --version | grep -qx 'uv {host.data.vllm_uv_version}' || "
-                  f"(python3 -m venv {UV_VENV} && {UV_VENV}/bin/pip install --quiet uv=={host.data.vllm_uv_version})"],
+        commands=[
+            f"test -x {uv} && {uv} --version | grep -qx 'uv {host.data.vllm_uv_version}' || "
+            f"(python3 -m venv {UV_VENV} && {UV_VENV}/bin/pip install --quiet uv=={host.data.vllm_uv_version})"
+        ],
     )
     vendor = serving.accelerator.vendor
     staging = f"{engine.venv}.partial"

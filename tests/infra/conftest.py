@@ -83,10 +83,15 @@ class CloudMocks(pulumi.runtime.Mocks):
             nics[0]["networkIp"] = f"10.42.0.{10 + self.instances}"
             for config in nics[0].get("accessConfigs", []):
                 config["natIp"] = "34.1.2.3"
-            state.update(networkInterfaces=nics, name=name,
-                         selfLink=f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{inputs['zone']}/instances/{name}")
+            state.update(
+                networkInterfaces=nics,
+                name=name,
+                selfLink=f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{inputs['zone']}/instances/{name}",
+            )
         elif typ == "gcp:compute/instanceGroup:InstanceGroup":
-            state["selfLink"] = f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{inputs['zone']}/instanceGroups/{name}"
+            state["selfLink"] = (
+                f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{inputs['zone']}/instanceGroups/{name}"
+            )
         elif typ == "gcp:compute/forwardingRule:ForwardingRule":
             state["ipAddress"] = "10.42.0.200"
         elif typ == "gcp:secretmanager/secret:Secret":
@@ -95,9 +100,14 @@ class CloudMocks(pulumi.runtime.Mocks):
             state["name"] = inputs["repositoryId"]
         elif typ == "pulumi-python:dynamic:Resource":
             zone = inputs["zones"][0]
-            state.update(zone=zone, state="ACTIVE", internal_ip="10.42.0.5", external_ip=None,
-                         queued_resource_name=f"projects/{PROJECT}/locations/{zone}/queuedResources/{inputs['queued_resource_id']}",
-                         node_name=f"projects/{PROJECT}/locations/{zone}/nodes/{inputs['node_id']}")
+            state.update(
+                zone=zone,
+                state="ACTIVE",
+                internal_ip="10.42.0.5",
+                external_ip=None,
+                queued_resource_name=f"projects/{PROJECT}/locations/{zone}/queuedResources/{inputs['queued_resource_id']}",
+                node_name=f"projects/{PROJECT}/locations/{zone}/nodes/{inputs['node_id']}",
+            )
         elif typ == "docker:index/image:Image":
             state["repoDigest"] = f"{inputs['imageName'].split(':')[0]}@sha256:{'0' * 64}"
         return f"{name}-id", state
@@ -129,8 +139,9 @@ def stack_config(stack: str) -> dict[str, Any]:
     return {"gcp:project": PROJECT, **document["config"]}
 
 
-def run_program(stack: str, config: dict[str, Any] | None = None, hf_token: str | None = HF_TOKEN,
-                run: ProgramRun | None = None) -> ProgramRun:
+def run_program(
+    stack: str, config: dict[str, Any] | None = None, hf_token: str | None = HF_TOKEN, run: ProgramRun | None = None
+) -> ProgramRun:
     """Run infra/__main__.py for `stack` (config defaults to its Pulumi.<stack>.yaml) and resolve its exports.
 
     Pass `run` to inspect what was registered when the program raises.
@@ -138,8 +149,9 @@ def run_program(stack: str, config: dict[str, Any] | None = None, hf_token: str 
     config = stack_config(stack) if config is None else config
     run = ProgramRun() if run is None else run
     mocks = CloudMocks()
-    pulumi.runtime.set_mocks(mocks, project="gemmaserve", stack=stack, preview=False,
-                             monitor=RecordingMonitor(mocks, run))
+    pulumi.runtime.set_mocks(
+        mocks, project="gemmaserve", stack=stack, preview=False, monitor=RecordingMonitor(mocks, run)
+    )
     values = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
     secret_keys = []
     if hf_token is not None:

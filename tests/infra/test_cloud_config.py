@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from config import parse_cloud, settings_from_config
+
 from gemmaserve.spec import SpecError
 from gemmaserve.stack import read_stack_config
 from tests.infra.conftest import PROJECT, ROOT, STACKS
@@ -19,27 +19,35 @@ def test_every_stack_file_validates(stack):
     assert settings.cloud.zones
 
 
-@pytest.mark.parametrize("changes, expected", [
-    ({"zones": []}, "cloud.zones = []"),
-    ({"zones": ["us-east5"]}, "'us-east5' not a zone; allowed: zone names such as us-east5-b"),
-    ({"provisioning": "preemptible"}, "cloud.provisioning = 'preemptible': Input should be 'standard'"),
-    ({"provisioning": "flex-start"}, "cloud.max_run_duration = None: flex-start needs one"),
-    ({"provisioning": "flex-start", "max_run_duration": "8d"}, "cloud.max_run_duration = '8d': flex-start allows at most 7d"),
-    ({"provisioning": "flex-start", "max_run_duration": "1d", "termination_action": "STOP"},
-     "cloud.termination_action = 'STOP': flex-start capacity is returned; allowed: DELETE"),
-    ({"max_run_duration": "a week"}, "cloud.max_run_duration = 'a week': not a duration"),
-    ({"provisioning": "reserved"}, "cloud.reservation = None: provisioning 'reserved' needs a reservation name"),
-    ({"reservation": "pool"}, "cloud.reservation = 'pool': only with provisioning: reserved"),
-    ({"provisioning": "guaranteed", "max_run_duration": "1d"}, "guaranteed capacity has no run limit"),
-    ({"serving_port_cidrs": ["0.0.0.0/0"]}, "0.0.0.0/0 opens the serving port to the internet"),
-    ({"serving_port_cidrs": ["10.0.0.0/33"]}, "'10.0.0.0/33' is not a CIDR"),
-    ({"valid_after": "2026-02-01T08:00:00"}, "needs a time zone"),
-    ({"labels": {"Team": "x"}}, "Team='x': allowed: lowercase keys/values"),
-    ({"network": {"cidr": "8.8.0.0/16"}}, "allowed: a private (RFC 1918) range"),
-    ({"secret_replication": ["mars"]}, "allowed: 'automatic' or a non-empty list of regions"),
-    ({"max_run_duraton": "1d"}, "cloud.max_run_duraton: unknown field"),
-    ({"hosts": 0}, "cloud.hosts = 0"),
-])
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"zones": []}, "cloud.zones = []"),
+        ({"zones": ["us-east5"]}, "'us-east5' not a zone; allowed: zone names such as us-east5-b"),
+        ({"provisioning": "preemptible"}, "cloud.provisioning = 'preemptible': Input should be 'standard'"),
+        ({"provisioning": "flex-start"}, "cloud.max_run_duration = None: flex-start needs one"),
+        (
+            {"provisioning": "flex-start", "max_run_duration": "8d"},
+            "cloud.max_run_duration = '8d': flex-start allows at most 7d",
+        ),
+        (
+            {"provisioning": "flex-start", "max_run_duration": "1d", "termination_action": "STOP"},
+            "cloud.termination_action = 'STOP': flex-start capacity is returned; allowed: DELETE",
+        ),
+        ({"max_run_duration": "a week"}, "cloud.max_run_duration = 'a week': not a duration"),
+        ({"provisioning": "reserved"}, "cloud.reservation = None: provisioning 'reserved' needs a reservation name"),
+        ({"reservation": "pool"}, "cloud.reservation = 'pool': only with provisioning: reserved"),
+        ({"provisioning": "guaranteed", "max_run_duration": "1d"}, "guaranteed capacity has no run limit"),
+        ({"serving_port_cidrs": ["0.0.0.0/0"]}, "0.0.0.0/0 opens the serving port to the internet"),
+        ({"serving_port_cidrs": ["10.0.0.0/33"]}, "'10.0.0.0/33' is not a CIDR"),
+        ({"valid_after": "2026-02-01T08:00:00"}, "needs a time zone"),
+        ({"labels": {"Team": "x"}}, "Team='x': allowed: lowercase keys/values"),
+        ({"network": {"cidr": "8.8.0.0/16"}}, "allowed: a private (RFC 1918) range"),
+        ({"secret_replication": ["mars"]}, "allowed: 'automatic' or a non-empty list of regions"),
+        ({"max_run_duraton": "1d"}, "cloud.max_run_duraton: unknown field"),
+        ({"hosts": 0}, "cloud.hosts = 0"),
+    ],
+)
 def test_bad_values_are_named(changes, expected):
     with pytest.raises(SpecError) as caught:
         parse_cloud({**OK, **changes})
@@ -65,14 +73,19 @@ def spec_raw(kind: str, count: int, model: str = "e2b", **cloud) -> dict:
     return {"model": model, "accelerator": {"kind": kind, "count": count}, "cloud": {**OK, **cloud}}
 
 
-@pytest.mark.parametrize("raw, expected", [
-    (spec_raw("a100-80gb", 1, provisioning="guaranteed"),
-     "cloud.provisioning = 'guaranteed': a TPU queued-resource tier; allowed for GPU VMs"),
-    (spec_raw("a100-80gb", 1, valid_until="1h"), "TPU queueing policy only"),
-    (spec_raw("tpu-v6e", 4, hosts=2), "cloud.hosts = 2: a TPU stack is one queued slice"),
-    (spec_raw("mi300x", 8), "'mi300x': not sold on Google Cloud"),
-    (spec_raw("tpu-v7", 8, zones=["us-central1-a"]) | {"cloud": {"zones": ["bad"]}}, "not a zone"),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (
+            spec_raw("a100-80gb", 1, provisioning="guaranteed"),
+            "cloud.provisioning = 'guaranteed': a TPU queued-resource tier; allowed for GPU VMs",
+        ),
+        (spec_raw("a100-80gb", 1, valid_until="1h"), "TPU queueing policy only"),
+        (spec_raw("tpu-v6e", 4, hosts=2), "cloud.hosts = 2: a TPU stack is one queued slice"),
+        (spec_raw("mi300x", 8), "'mi300x': not sold on Google Cloud"),
+        (spec_raw("tpu-v7", 8, zones=["us-central1-a"]) | {"cloud": {"zones": ["bad"]}}, "not a zone"),
+    ],
+)
 def test_cross_checks_with_the_spec(raw, expected):
     with pytest.raises(SpecError) as caught:
         settings_from_config(raw, {"project": PROJECT, "region": "us-east5"}, "x")

@@ -41,15 +41,28 @@ MACHINE_TYPES = {"gpu8": "g4-standard-384", "a100": "a2-ultragpu-1g", "h100": "a
 TPU_TYPES = {"tpu-v6e4": ("v6e-4", "v2-alpha-tpuv6e"), "tpu-v6e1": ("v6e-1", "v2-alpha-tpuv6e")}
 GPU_STACKS = tuple(MACHINE_TYPES)
 TPU_STACKS = tuple(TPU_TYPES)
-HOST_KEYS = {"name", "internal_ip", "external_ip", "zone", "ssh_user", "kind", "instance_type", "accelerator",
-             "router_port", "replicas"}
+HOST_KEYS = {
+    "name",
+    "internal_ip",
+    "external_ip",
+    "zone",
+    "ssh_user",
+    "kind",
+    "instance_type",
+    "accelerator",
+    "router_port",
+    "replicas",
+}
 
 
 def expected_counts(stack: str) -> Counter:
     extra = dict(EXPECTED[stack])
     regions = extra.pop("regions")
-    per_region = {"gcp:compute/subnetwork:Subnetwork": regions, "gcp:compute/router:Router": regions,
-                  "gcp:compute/routerNat:RouterNat": regions}
+    per_region = {
+        "gcp:compute/subnetwork:Subnetwork": regions,
+        "gcp:compute/router:Router": regions,
+        "gcp:compute/routerNat:RouterNat": regions,
+    }
     return Counter({**BASE, **per_region, **extra})
 
 
@@ -122,11 +135,14 @@ def test_subnets_have_private_google_access_and_nat(stack_runs):
         assert nat.inputs["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
 
 
-@pytest.mark.parametrize("stack, model, restart, preemptible, action, reservation", [
-    ("gpu8", "STANDARD", True, False, None, "ANY_RESERVATION"),
-    ("a100", "SPOT", False, True, "STOP", "NO_RESERVATION"),
-    ("h100", "FLEX_START", False, False, "DELETE", "NO_RESERVATION"),
-])
+@pytest.mark.parametrize(
+    "stack, model, restart, preemptible, action, reservation",
+    [
+        ("gpu8", "STANDARD", True, False, None, "ANY_RESERVATION"),
+        ("a100", "SPOT", False, True, "STOP", "NO_RESERVATION"),
+        ("h100", "FLEX_START", False, False, "DELETE", "NO_RESERVATION"),
+    ],
+)
 def test_gpu_scheduling(stack_runs, stack, model, restart, preemptible, action, reservation):
     inputs = stack_runs[stack].one(INSTANCE).inputs
     scheduling = inputs["scheduling"]
@@ -145,12 +161,15 @@ def test_flex_start_gpu_has_seven_day_limit(stack_runs):
 def test_reserved_gpu_targets_the_named_reservation():
     run = run_program("gpu8", with_cloud("gpu8", provisioning="reserved", reservation="g4-pool"))
     affinity = run.one(INSTANCE).inputs["reservationAffinity"]
-    assert affinity == {"type": "SPECIFIC_RESERVATION", "specificReservation": {
-        "key": "compute.googleapis.com/reservation-name", "values": ["g4-pool"]}}
+    assert affinity == {
+        "type": "SPECIFIC_RESERVATION",
+        "specificReservation": {"key": "compute.googleapis.com/reservation-name", "values": ["g4-pool"]},
+    }
 
 
-@pytest.mark.parametrize("stack, provisioning, valid_until", [
-    ("tpu-v6e4", "guaranteed", 6 * 3600), ("tpu-v6e1", "spot", 2 * 3600)])
+@pytest.mark.parametrize(
+    "stack, provisioning, valid_until", [("tpu-v6e4", "guaranteed", 6 * 3600), ("tpu-v6e1", "spot", 2 * 3600)]
+)
 def test_tpu_provisioning_and_queue(stack_runs, stack, provisioning, valid_until):
     props = stack_runs[stack].one(QUEUED).inputs
     assert props["provisioning"] == provisioning
@@ -170,16 +189,26 @@ def test_protection_can_be_turned_off_explicitly():
     assert run_program("tpu-v6e1", with_cloud("tpu-v6e1", protect=False)).one(QUEUED).protect is False
 
 
-LABELED = (INSTANCE, "gcp:compute/disk:Disk", "gcp:secretmanager/secret:Secret",
-           "gcp:artifactregistry/repository:Repository")
+LABELED = (
+    INSTANCE,
+    "gcp:compute/disk:Disk",
+    "gcp:secretmanager/secret:Secret",
+    "gcp:artifactregistry/repository:Repository",
+)
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_labels(stack_runs, stack):
     run = stack_runs[stack]
     spec = load_stack_spec(stack, ROOT)
-    want = {"app": "gemmaserve", "managed-by": "pulumi", "stack": stack, "model": spec.model_info.aliases[0],
-            "accelerator": spec.accelerator_info.name, "team": "serving"}
+    want = {
+        "app": "gemmaserve",
+        "managed-by": "pulumi",
+        "stack": stack,
+        "model": spec.model_info.aliases[0],
+        "accelerator": spec.accelerator_info.name,
+        "team": "serving",
+    }
     labeled = [r for r in run.resources if r.type in LABELED] + run.of_type(QUEUED)
     assert labeled
     for resource in labeled:
@@ -287,8 +316,11 @@ def test_multi_host_gets_a_least_request_load_balancer():
     assert (check["requestPath"], check["port"]) == ("/health", 8080)
     group = run.one("gcp:compute/instanceGroup:InstanceGroup").inputs
     assert len(group["instances"]) == 2 and group["namedPorts"] == [{"name": "http", "port": 8080}]
-    proxy_subnets = [s for s in run.of_type("gcp:compute/subnetwork:Subnetwork")
-                     if s.inputs.get("purpose") == "REGIONAL_MANAGED_PROXY"]
+    proxy_subnets = [
+        s
+        for s in run.of_type("gcp:compute/subnetwork:Subnetwork")
+        if s.inputs.get("purpose") == "REGIONAL_MANAGED_PROXY"
+    ]
     assert len(proxy_subnets) == 1
     lb_rule = next(r for r in run.of_type(FIREWALL) if "35.191.0.0/16" in r.inputs["sourceRanges"])
     assert "130.211.0.0/22" in lb_rule.inputs["sourceRanges"]
@@ -305,7 +337,8 @@ def test_serving_image_build_is_pinned():
     image = run.one("docker:index/image:Image").inputs
     spec = load_stack_spec("gpu8", ROOT)
     assert image["build"]["args"] == {
-        "BASE_IMAGE": spec.image, "VLLM_VERSION": spec.vllm_version,
+        "BASE_IMAGE": spec.image,
+        "VLLM_VERSION": spec.vllm_version,
         "TRANSFORMERS_VERSION": spec.engine.transformers_version,
         # The template the argv's --chat-template points at, from vLLM's repository at the pinned tag.
         "CHAT_TEMPLATE_URL": f"https://raw.githubusercontent.com/vllm-project/vllm/v{spec.vllm_version}/examples/tool_chat_template_gemma4.jinja",

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 from google.cloud import tpu_v2alpha1
-
-from tests.infra.conftest import INFRA
 from tpu_queued_resource import (
     ApiError,
     QueuedResourceFailed,
@@ -18,6 +16,8 @@ from tpu_queued_resource import (
     build_request,
     is_capacity_error,
 )
+
+from tests.infra.conftest import INFRA
 
 PAYLOADS = Path(__file__).parent / "tpu_payloads"
 PROJECT = "gemmaserve-test"
@@ -70,14 +70,24 @@ class ReplayTpuApi:
 
 def props(**changes) -> dict:
     base = {
-        "project": PROJECT, "zones": ZONES, "queued_resource_id": "gs-tpu-v6e4-tpu-qr",
-        "node_id": "gs-tpu-v6e4-tpu-qr-node", "accelerator_type": "v6e-4", "runtime_version": "v2-alpha-tpuv6e",
-        "provisioning": "guaranteed", "network": f"projects/{PROJECT}/global/networks/vpc",
-        "subnetworks": {"us-east5": f"projects/{PROJECT}/regions/us-east5/subnetworks/a",
-                        "us-east1": f"projects/{PROJECT}/regions/us-east1/subnetworks/b"},
+        "project": PROJECT,
+        "zones": ZONES,
+        "queued_resource_id": "gs-tpu-v6e4-tpu-qr",
+        "node_id": "gs-tpu-v6e4-tpu-qr-node",
+        "accelerator_type": "v6e-4",
+        "runtime_version": "v2-alpha-tpuv6e",
+        "provisioning": "guaranteed",
+        "network": f"projects/{PROJECT}/global/networks/vpc",
+        "subnetworks": {
+            "us-east5": f"projects/{PROJECT}/regions/us-east5/subnetworks/a",
+            "us-east1": f"projects/{PROJECT}/regions/us-east1/subnetworks/b",
+        },
         "service_account": f"hosts@{PROJECT}.iam.gserviceaccount.com",
-        "scopes": ["https://www.googleapis.com/auth/cloud-platform"], "labels": {"app": "gemmaserve"},
-        "tags": ["gemmaserve-host"], "enable_external_ips": False, "valid_until_seconds": 21600,
+        "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+        "labels": {"app": "gemmaserve"},
+        "tags": ["gemmaserve-host"],
+        "enable_external_ips": False,
+        "valid_until_seconds": 21600,
         "wait_timeout_seconds": 3600,
     }
     return {**base, **changes}
@@ -85,26 +95,46 @@ def props(**changes) -> dict:
 
 def provider(api: ReplayTpuApi, messages: list[str] | None = None, clock=None) -> QueuedResourceProvider:
     kwargs = {"clock": clock} if clock else {}
-    return QueuedResourceProvider(api_factory=lambda: api, poll_seconds=0, sleep=lambda _: None,
-                                  progress=(messages.append if messages is not None else lambda _: None), **kwargs)
+    return QueuedResourceProvider(
+        api_factory=lambda: api,
+        poll_seconds=0,
+        sleep=lambda _: None,
+        progress=(messages.append if messages is not None else lambda _: None),
+        **kwargs,
+    )
 
 
 # --- request building ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("provisioning, extra, tier", [
-    ("standard", {}, {}),
-    ("spot", {}, {"spot": {}}),
-    ("guaranteed", {}, {"guaranteed": {}}),
-    ("reserved", {"reservation": "v6e-pool"}, {
-        "guaranteed": {"reserved": True},
-        "reservationName": f"projects/{PROJECT}/locations/us-east5-a/reservations/v6e-pool"}),
-    ("flex-start", {"max_run_seconds": 7 * 86400}, {
-        "provisioningModel": "FLEX_START", "runDuration": {"maxRunDuration": "604800s"}}),
-])
+
+@pytest.mark.parametrize(
+    "provisioning, extra, tier",
+    [
+        ("standard", {}, {}),
+        ("spot", {}, {"spot": {}}),
+        ("guaranteed", {}, {"guaranteed": {}}),
+        (
+            "reserved",
+            {"reservation": "v6e-pool"},
+            {
+                "guaranteed": {"reserved": True},
+                "reservationName": f"projects/{PROJECT}/locations/us-east5-a/reservations/v6e-pool",
+            },
+        ),
+        (
+            "flex-start",
+            {"max_run_seconds": 7 * 86400},
+            {"provisioningModel": "FLEX_START", "runDuration": {"maxRunDuration": "604800s"}},
+        ),
+    ],
+)
 def test_request_tier_for_each_provisioning_model(provisioning, extra, tier):
     body = build_request(props(provisioning=provisioning, **extra), "us-east5-a")
-    tiers = {k: v for k, v in body.items() if k in ("spot", "guaranteed", "bestEffort", "reservationName",
-                                                    "provisioningModel", "runDuration")}
+    tiers = {
+        k: v
+        for k, v in body.items()
+        if k in ("spot", "guaranteed", "bestEffort", "reservationName", "provisioningModel", "runDuration")
+    }
     assert tiers == tier
 
 
@@ -116,27 +146,39 @@ def test_request_node_defaults():
     node = spec["node"]
     assert (node["acceleratorType"], node["runtimeVersion"]) == ("v6e-4", "v2-alpha-tpuv6e")
     # The zone's own region's subnet; no public IPs.
-    assert node["networkConfig"] == {"network": f"projects/{PROJECT}/global/networks/vpc",
-                                     "subnetwork": f"projects/{PROJECT}/regions/us-east1/subnetworks/b",
-                                     "enableExternalIps": False}
-    assert node["serviceAccount"] == {"email": f"hosts@{PROJECT}.iam.gserviceaccount.com",
-                                      "scope": ["https://www.googleapis.com/auth/cloud-platform"]}
+    assert node["networkConfig"] == {
+        "network": f"projects/{PROJECT}/global/networks/vpc",
+        "subnetwork": f"projects/{PROJECT}/regions/us-east1/subnetworks/b",
+        "enableExternalIps": False,
+    }
+    assert node["serviceAccount"] == {
+        "email": f"hosts@{PROJECT}.iam.gserviceaccount.com",
+        "scope": ["https://www.googleapis.com/auth/cloud-platform"],
+    }
     assert node["labels"] == {"app": "gemmaserve"} and node["tags"] == ["gemmaserve-host"]
 
 
-@pytest.mark.parametrize("changes, policy", [
-    ({"valid_until_seconds": 21600}, {"validUntilDuration": "21600s"}),
-    ({"valid_until_seconds": None, "valid_after": "2026-02-01T08:00:00+00:00"},
-     {"validAfterTime": "2026-02-01T08:00:00+00:00"}),
-    ({"valid_until_seconds": 7200, "valid_after": "2026-02-01T08:00:00Z"},
-     {"validInterval": {"startTime": "2026-02-01T08:00:00Z", "endTime": "2026-02-01T10:00:00Z"}}),
-])
+@pytest.mark.parametrize(
+    "changes, policy",
+    [
+        ({"valid_until_seconds": 21600}, {"validUntilDuration": "21600s"}),
+        (
+            {"valid_until_seconds": None, "valid_after": "2026-02-01T08:00:00+00:00"},
+            {"validAfterTime": "2026-02-01T08:00:00+00:00"},
+        ),
+        (
+            {"valid_until_seconds": 7200, "valid_after": "2026-02-01T08:00:00Z"},
+            {"validInterval": {"startTime": "2026-02-01T08:00:00Z", "endTime": "2026-02-01T10:00:00Z"}},
+        ),
+    ],
+)
 def test_queueing_policy(changes, policy):
     assert build_request(props(**changes), "us-east5-b")["queueingPolicy"] == policy
 
 
-@pytest.mark.parametrize("provisioning, extra", [
-    ("standard", {}), ("spot", {}), ("guaranteed", {}), ("reserved", {"reservation": "pool"})])
+@pytest.mark.parametrize(
+    "provisioning, extra", [("standard", {}), ("spot", {}), ("guaranteed", {}), ("reserved", {"reservation": "pool"})]
+)
 def test_request_is_a_valid_v2alpha1_queued_resource(provisioning, extra):
     # Unknown or misspelled field names raise here: the request matches the official client's schema.
     body = build_request(props(provisioning=provisioning, valid_after="2026-02-01T08:00:00Z", **extra), "us-east5-b")
@@ -165,22 +207,30 @@ def test_node_payload_matches_the_v2alpha1_schema():
 
 # --- states ---------------------------------------------------------------------------------------
 
+
 def test_waits_for_active_and_reports_progress():
     api = ReplayTpuApi({"us-east5-b": ["waiting_for_resources", "waiting_for_resources", "provisioning", "active"]})
     messages: list[str] = []
     result = provider(api, messages).create(props())
     assert result.id == f"projects/{PROJECT}/locations/us-east5-b/queuedResources/gs-tpu-v6e4-tpu-qr"
-    assert (result.outs["zone"], result.outs["state"], result.outs["internal_ip"]) == ("us-east5-b", "ACTIVE", "10.42.0.7")
+    assert (result.outs["zone"], result.outs["state"], result.outs["internal_ip"]) == (
+        "us-east5-b",
+        "ACTIVE",
+        "10.42.0.7",
+    )
     assert result.outs["external_ip"] is None
     states = [m.split(": ")[1].split(" after")[0] for m in messages if " after " in m]
     assert states == ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]
     assert [c for c in api.calls if c[0] == "delete"] == []
 
 
-@pytest.mark.parametrize("state_payload, state, reason", [
-    ("failed_quota", "FAILED", "Quota limit 'TPUV6EPerProjectPerZoneForTPUAPI' has been exceeded"),
-    ("suspended", "SUSPENDED", "initiated by SERVICE"),
-])
+@pytest.mark.parametrize(
+    "state_payload, state, reason",
+    [
+        ("failed_quota", "FAILED", "Quota limit 'TPUV6EPerProjectPerZoneForTPUAPI' has been exceeded"),
+        ("suspended", "SUSPENDED", "initiated by SERVICE"),
+    ],
+)
 def test_failed_or_suspended_fails_with_state_and_reason_and_is_deleted(state_payload, state, reason):
     api = ReplayTpuApi({"us-east5-b": ["waiting_for_resources", state_payload]})
     with pytest.raises(QueuedResourceFailed) as caught:
@@ -193,8 +243,9 @@ def test_failed_or_suspended_fails_with_state_and_reason_and_is_deleted(state_pa
 
 
 def test_zone_fallback_when_create_says_no_capacity():
-    api = ReplayTpuApi({"us-east5-a": ["provisioning", "active"]},
-                       create_errors={"us-east5-b": "error_resource_exhausted"})
+    api = ReplayTpuApi(
+        {"us-east5-a": ["provisioning", "active"]}, create_errors={"us-east5-b": "error_resource_exhausted"}
+    )
     messages: list[str] = []
     result = provider(api, messages).create(props())
     assert result.outs["zone"] == "us-east5-a"
@@ -263,7 +314,9 @@ def test_diff_replaces_on_request_changes_only():
 
 
 def test_module_import_does_not_load_the_google_client():
-    code = ("import sys; sys.path.insert(0, %r); import tpu_queued_resource; "
-            "print(any(m.startswith('google.cloud.tpu') for m in sys.modules))") % str(INFRA)
+    code = (
+        f"import sys; sys.path.insert(0, {str(INFRA)!r}); import tpu_queued_resource; "
+        "print(any(m.startswith('google.cloud.tpu') for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -28,7 +28,9 @@ def actionlint() -> str:
 
 def test_actionlint_catches_a_broken_workflow(tmp_path):
     broken = tmp_path / "broken.yml"
-    broken.write_text("on: push\njobs:\n  x:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo ${{ matrix.nope }}\n")
+    broken.write_text(
+        "on: push\njobs:\n  x:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo ${{ matrix.nope }}\n"
+    )
     assert subprocess.run([actionlint(), "-no-color", str(broken)], capture_output=True).returncode != 0
 
 
@@ -38,8 +40,9 @@ def load(name: str) -> dict:
 
 @pytest.mark.parametrize("name", ["preview.yml", "test.yml"])
 def test_actionlint_is_clean(name):
-    result = subprocess.run([actionlint(), "-no-color", str(WORKFLOWS / name)], capture_output=True, text=True,
-                            cwd=ROOT)
+    result = subprocess.run(
+        [actionlint(), "-no-color", str(WORKFLOWS / name)], capture_output=True, text=True, cwd=ROOT
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -59,7 +62,9 @@ def test_preview_uses_pulumi_preview_with_pr_comment_and_policy():
 
 def test_preview_authenticates_with_workload_identity_and_no_key_file():
     workflow = load("preview.yml")
-    auth = next(s for s in workflow["jobs"]["preview"]["steps"] if s.get("uses", "").startswith("google-github-actions/auth@"))
+    auth = next(
+        s for s in workflow["jobs"]["preview"]["steps"] if s.get("uses", "").startswith("google-github-actions/auth@")
+    )
     assert set(auth["with"]) == {"workload_identity_provider", "service_account"}
     assert workflow["permissions"]["id-token"] == "write"
     assert "credentials_json" not in (WORKFLOWS / "preview.yml").read_text()

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from pulumi_policy import PolicyCustomTimeouts, PolicyResource, PolicyResourceOptions, ResourceValidationArgs, StackValidationArgs
-
 import rules
+from pulumi_policy import (
+    PolicyCustomTimeouts,
+    PolicyResource,
+    PolicyResourceOptions,
+    ResourceValidationArgs,
+    StackValidationArgs,
+)
+
 from tests.infra.conftest import HF_TOKEN, STACKS, run_program
 
 INSTANCE, FIREWALL, DYNAMIC = rules.INSTANCE, rules.FIREWALL, rules.DYNAMIC
@@ -13,28 +19,43 @@ LABELS = {"app": "gemmaserve", "managed-by": "pulumi", "stack": "gpu8"}
 
 
 def options(protect: bool = False) -> PolicyResourceOptions:
-    return PolicyResourceOptions(protect=protect, ignore_changes=[], delete_before_replace=None, aliases=[],
-                                 custom_timeouts=PolicyCustomTimeouts(0, 0, 0), additional_secret_outputs=[])
+    return PolicyResourceOptions(
+        protect=protect,
+        ignore_changes=[],
+        delete_before_replace=None,
+        aliases=[],
+        custom_timeouts=PolicyCustomTimeouts(0, 0, 0),
+        additional_secret_outputs=[],
+    )
 
 
 def validate(fn, resource_type: str, props: dict, protect: bool = False, config: dict | None = None) -> list[str]:
     found: list[str] = []
-    args = ResourceValidationArgs(resource_type, props, f"urn:pulumi:s::p::{resource_type}::r", "r",
-                                  options(protect), None, config or {})
+    args = ResourceValidationArgs(
+        resource_type, props, f"urn:pulumi:s::p::{resource_type}::r", "r", options(protect), None, config or {}
+    )
     fn(args, lambda message, urn=None: found.append(message))
     return found
 
 
 def instance(**changes) -> dict:
-    props = {"machineType": "a3-highgpu-8g", "labels": dict(LABELS),
-             "networkInterfaces": [{"subnetwork": "s", "accessConfigs": []}],
-             "scheduling": {"provisioningModel": "STANDARD", "onHostMaintenance": "TERMINATE"}}
+    props = {
+        "machineType": "a3-highgpu-8g",
+        "labels": dict(LABELS),
+        "networkInterfaces": [{"subnetwork": "s", "accessConfigs": []}],
+        "scheduling": {"provisioningModel": "STANDARD", "onHostMaintenance": "TERMINATE"},
+    }
     return {**props, **changes}
 
 
 def queued(**changes) -> dict:
-    return {"queued_resource_id": "q", "provisioning": "spot", "enable_external_ips": False, "labels": dict(LABELS),
-            **changes}
+    return {
+        "queued_resource_id": "q",
+        "provisioning": "spot",
+        "enable_external_ips": False,
+        "labels": dict(LABELS),
+        **changes,
+    }
 
 
 def firewall(ranges, ports=("8080",), protocol="tcp") -> dict:
@@ -43,6 +64,7 @@ def firewall(ranges, ports=("8080",), protocol="tcp") -> dict:
 
 
 # --- fires on bad inputs ------------------------------------------------------------------------
+
 
 def test_external_ip_on_instance():
     bad = instance(networkInterfaces=[{"subnetwork": "s", "accessConfigs": [{}]}])
@@ -54,13 +76,16 @@ def test_external_ip_on_tpu():
     assert validate(rules.validate_external_ip, DYNAMIC, queued(enable_external_ips=True))
 
 
-@pytest.mark.parametrize("props", [
-    firewall(["0.0.0.0/0"]),
-    firewall(["10.0.0.0/8", "0.0.0.0/0"], ports=("8000-8100",)),
-    firewall(["0.0.0.0/0"], ports=None),
-    firewall(["::/0"], ports=("8080",)),
-    firewall(["0.0.0.0/0"], ports=None, protocol="all"),
-])
+@pytest.mark.parametrize(
+    "props",
+    [
+        firewall(["0.0.0.0/0"]),
+        firewall(["10.0.0.0/8", "0.0.0.0/0"], ports=("8000-8100",)),
+        firewall(["0.0.0.0/0"], ports=None),
+        firewall(["::/0"], ports=("8080",)),
+        firewall(["0.0.0.0/0"], ports=None, protocol="all"),
+    ],
+)
 def test_world_serving_port(props):
     assert validate(rules.validate_world_serving_port, FIREWALL, props)
 
@@ -71,12 +96,15 @@ def test_world_serving_port_uses_configured_ports():
     assert validate(rules.validate_world_serving_port, FIREWALL, props, config={"servingPorts": [9000]})
 
 
-@pytest.mark.parametrize("resource_type, props", [
-    (INSTANCE, instance(scheduling={"provisioningModel": "FLEX_START"})),
-    (INSTANCE, instance(scheduling={"provisioningModel": "FLEX_START", "maxRunDuration": {"seconds": 8 * 86400}})),
-    (DYNAMIC, queued(provisioning="flex-start")),
-    (DYNAMIC, queued(provisioning="flex-start", max_run_seconds=8 * 86400)),
-])
+@pytest.mark.parametrize(
+    "resource_type, props",
+    [
+        (INSTANCE, instance(scheduling={"provisioningModel": "FLEX_START"})),
+        (INSTANCE, instance(scheduling={"provisioningModel": "FLEX_START", "maxRunDuration": {"seconds": 8 * 86400}})),
+        (DYNAMIC, queued(provisioning="flex-start")),
+        (DYNAMIC, queued(provisioning="flex-start", max_run_seconds=8 * 86400)),
+    ],
+)
 def test_flex_start_without_bounded_duration(resource_type, props):
     assert validate(rules.validate_flex_start_duration, resource_type, props)
 
@@ -86,39 +114,50 @@ def test_unprotected_queued_resource():
     assert not validate(rules.validate_queued_resource_protected, DYNAMIC, queued(), protect=True)
 
 
-@pytest.mark.parametrize("resource_type, props", [
-    (INSTANCE, instance(labels={})),
-    ("gcp:secretmanager/secret:Secret", {"secretId": "hf-token", "labels": {"app": "gemmaserve"}}),
-    (DYNAMIC, queued(labels=None)),
-])
+@pytest.mark.parametrize(
+    "resource_type, props",
+    [
+        (INSTANCE, instance(labels={})),
+        ("gcp:secretmanager/secret:Secret", {"secretId": "hf-token", "labels": {"app": "gemmaserve"}}),
+        (DYNAMIC, queued(labels=None)),
+    ],
+)
 def test_missing_labels(resource_type, props):
     assert validate(rules.validate_labels, resource_type, props)
 
 
 def stack_outputs(outputs: dict) -> list[str]:
     found: list[str] = []
-    stack = PolicyResource("pulumi:pulumi:Stack", outputs, "urn:stack", "gemmaserve-gpu8", options(), None, None, [], {})
+    stack = PolicyResource(
+        "pulumi:pulumi:Stack", outputs, "urn:stack", "gemmaserve-gpu8", options(), None, None, [], {}
+    )
     rules.validate_stack_outputs(StackValidationArgs([stack]), lambda message, urn=None: found.append(message))
     return found
 
 
-@pytest.mark.parametrize("outputs", [
-    {"hf": HF_TOKEN},
-    {"hosts": [{"name": "h", "env": {"HF_TOKEN": HF_TOKEN}}]},
-    {"hfToken": "anything-at-all"},
-    {"nested": {"secret_data": "value"}},
-])
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        {"hf": HF_TOKEN},
+        {"hosts": [{"name": "h", "env": {"HF_TOKEN": HF_TOKEN}}]},
+        {"hfToken": "anything-at-all"},
+        {"nested": {"secret_data": "value"}},
+    ],
+)
 def test_plaintext_secret_in_outputs(outputs):
     assert stack_outputs(outputs)
 
 
 # --- quiet on good ------------------------------------------------------------------------------
 
+
 def test_quiet_on_good_examples():
     assert not validate(rules.validate_external_ip, INSTANCE, instance())
     assert not validate(rules.validate_world_serving_port, FIREWALL, firewall(["35.235.240.0/20"], ports=("22",)))
     assert not validate(rules.validate_world_serving_port, FIREWALL, firewall(["0.0.0.0/0"], ports=("22",)))
-    assert not validate(rules.validate_flex_start_duration, DYNAMIC, queued(provisioning="flex-start", max_run_seconds=3600))
+    assert not validate(
+        rules.validate_flex_start_duration, DYNAMIC, queued(provisioning="flex-start", max_run_seconds=3600)
+    )
     assert not validate(rules.validate_labels, "gcp:compute/network:Network", {})
     assert not stack_outputs({"endpoint": "http://10.42.0.5:8080/v1", "secret_name": ""})
 
@@ -126,8 +165,13 @@ def test_quiet_on_good_examples():
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_stack_passes_every_rule(stack):
     run = run_program(stack)
-    resource_rules = [rules.validate_external_ip, rules.validate_world_serving_port, rules.validate_flex_start_duration,
-                      rules.validate_queued_resource_protected, rules.validate_labels]
+    resource_rules = [
+        rules.validate_external_ip,
+        rules.validate_world_serving_port,
+        rules.validate_flex_start_duration,
+        rules.validate_queued_resource_protected,
+        rules.validate_labels,
+    ]
     for resource in run.resources:
         for rule in resource_rules:
             assert not validate(rule, resource.type, resource.inputs, protect=resource.protect), (resource.name, rule)
@@ -136,5 +180,11 @@ def test_every_stack_passes_every_rule(stack):
 
 def test_pack_lists_every_rule():
     names = {p.name for p in rules.POLICIES}
-    assert names == {"no-external-ip", "no-world-serving-port", "flex-start-max-run-duration",
-                     "tpu-queued-resource-protected", "labels-present", "no-plaintext-secret-outputs"}
+    assert names == {
+        "no-external-ip",
+        "no-world-serving-port",
+        "flex-start-max-run-duration",
+        "tpu-queued-resource-protected",
+        "labels-present",
+        "no-plaintext-secret-outputs",
+    }

@@ -106,7 +106,9 @@ def served_assets(sandbox_ready: None) -> None:
 
 
 @pytest.fixture(scope="session")
-def sandbox_hosts(request: pytest.FixtureRequest, sandbox_ready: None, served_assets: None) -> Iterator[list[state.Host]]:
+def sandbox_hosts(
+    request: pytest.FixtureRequest, sandbox_ready: None, served_assets: None
+) -> Iterator[list[state.Host]]:
     """sandbox-1..N (N = request.param, default 1), running; hosts that were already up are reused."""
     count = getattr(request, "param", 1)
     yield bring_up(list(range(1, count + 1)), request)

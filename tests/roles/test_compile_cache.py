@@ -9,11 +9,11 @@ import json
 import urllib.request
 
 import pytest
+from test_resilience import deploy, wait_until
 
 from gemmaserve.hostdata import spec_from_host_data
 from gemmaserve.plan import plan
 from gemmaserve.sandbox.profile import sandbox_host_data
-from test_resilience import deploy, wait_until
 
 pytestmark = pytest.mark.sandbox
 
@@ -30,15 +30,20 @@ def compiled(fresh_sandbox_host, sandbox_ssh_config, tmp_path_factory):
     result = deploy(fresh_sandbox_host.name, COMPILED, tmp_path_factory.mktemp("compiled"))
     assert result.returncode == 0, result.stdout[-4000:]
     serving = plan(spec_from_host_data({**sandbox_host_data(), **COMPILED})).require_ok()
-    remote = testinfra.get_host(f"paramiko://{SSH_USER}@{fresh_sandbox_host.address}",
-                                ssh_config=sandbox_ssh_config, ssh_identity_file=str(SSH_KEY))
+    remote = testinfra.get_host(
+        f"paramiko://{SSH_USER}@{fresh_sandbox_host.address}",
+        ssh_config=sandbox_ssh_config,
+        ssh_identity_file=str(SSH_KEY),
+    )
     return fresh_sandbox_host, serving, remote
 
 
 def kernels(remote, key: str) -> dict[str, float]:
     """The C++ kernels inductor built for this cache key, with their modification times: a kernel built
     again is written again (same hashed name, new time); a restored one keeps its time (copy2)."""
-    found = remote.run(f"find /dev/shm/gemmaserve/{key} -type f \\( -name '*.so' -o -name '*.cpp' \\) -printf '%P %T@\\n'")
+    found = remote.run(
+        f"find /dev/shm/gemmaserve/{key} -type f \\( -name '*.so' -o -name '*.cpp' \\) -printf '%P %T@\\n'"
+    )
     assert found.rc == 0, found.stderr
     return {path: float(mtime) for path, mtime in (line.rsplit(" ", 1) for line in found.stdout.splitlines())}
 
@@ -46,18 +51,26 @@ def kernels(remote, key: str) -> dict[str, float]:
 def restart_and_wait(remote, command: str) -> None:
     """Run `command`, wait for the new vLLM's /health, then until HAProxy routes to it again."""
     assert remote.run(command).rc == 0
-    wait_until(lambda: remote.run("curl -fsS -o /dev/null http://127.0.0.1:8000/health").rc == 0, 600,
-               "the compiled replica to report healthy")
+    wait_until(
+        lambda: remote.run("curl -fsS -o /dev/null http://127.0.0.1:8000/health").rc == 0,
+        600,
+        "the compiled replica to report healthy",
+    )
     status = "python3 /opt/gemmaserve/lib/haproxy_admin.py status vllm"
-    wait_until(lambda: json.loads(remote.run(status).stdout or "{}") == {"replica0": "UP"}, 600,
-               "HAProxy to route to the compiled replica again")
+    wait_until(
+        lambda: json.loads(remote.run(status).stdout or "{}") == {"replica0": "UP"},
+        600,
+        "HAProxy to route to the compiled replica again",
+    )
 
 
 def chat(host, model: str) -> str:
-    body = json.dumps({"model": model, "max_tokens": 4, "temperature": 0,
-                       "messages": [{"role": "user", "content": "Hi"}]}).encode()
-    request = urllib.request.Request(f"http://{host.address}:8080/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": model, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+    ).encode()
+    request = urllib.request.Request(
+        f"http://{host.address}:8080/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with _OPENER.open(request, timeout=120) as response:
         return json.loads(response.read())["choices"][0]["finish_reason"]
 
@@ -93,7 +106,7 @@ def test_cache_restored_from_disk_after_shm_is_wiped(compiled):
     before = kernels(remote, key)
     # Stopping the restore unit saves to disk (its ExecStop), as at shutdown.
     assert remote.run("systemctl stop vllm@0 && systemctl stop gemmaserve-cache-restore").rc == 0
-    assert remote.run("rm -rf /dev/shm/gemmaserve/* && test -z \"$(ls /dev/shm/gemmaserve)\"").rc == 0
+    assert remote.run('rm -rf /dev/shm/gemmaserve/* && test -z "$(ls /dev/shm/gemmaserve)"').rc == 0
     restart_and_wait(remote, "systemctl start gemmaserve-cache-restore && systemctl start vllm@0")
     assert kernels(remote, key) == before
     assert chat(host, serving.model.hf_id) in ("length", "stop")
@@ -103,7 +116,9 @@ def test_cold_start_compiles_again(compiled):
     """The check above can fail: with the caches gone everywhere, vLLM does build kernels anew."""
     _, serving, remote = compiled
     key = serving.replicas[0].cache_key
-    assert remote.run("systemctl stop vllm@0 && rm -rf /dev/shm/gemmaserve/* /var/lib/gemmaserve/compile-cache/*").rc == 0
+    assert (
+        remote.run("systemctl stop vllm@0 && rm -rf /dev/shm/gemmaserve/* /var/lib/gemmaserve/compile-cache/*").rc == 0
+    )
     started = float(remote.run("date +%s.%N").stdout)
     restart_and_wait(remote, "systemctl start vllm@0")
     rebuilt = kernels(remote, key)

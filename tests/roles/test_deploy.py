@@ -30,7 +30,11 @@ def run_deploy(host_name: str, env_extra: dict[str, str] | None = None) -> tuple
     start = time.perf_counter()
     result = subprocess.run(
         [str(PYINFRA), "-y", "--limit", host_name, "hosts/sandbox.py", "deploy.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
         env={**os.environ, **(env_extra or {})},
     )
     return result, time.perf_counter() - start
@@ -91,9 +95,11 @@ def test_drift_is_mended_and_the_replica_keeps_running(deployed, sandbox_host):
     without restarting its replica."""
     host, _ = deployed
     started = sandbox_host.run("systemctl show -p ActiveEnterTimestampMonotonic --value vllm@0").stdout.strip()
-    drift = ("echo '# drift' >> /etc/haproxy/haproxy.cfg.gemmaserve && chmod 0755 /etc/gemmaserve"
-             " && chown root:root /etc/gemmaserve/replica-0.env && systemctl stop prometheus"
-             " && systemctl disable --quiet gemmaserve-cache-save.timer")
+    drift = (
+        "echo '# drift' >> /etc/haproxy/haproxy.cfg.gemmaserve && chmod 0755 /etc/gemmaserve"
+        " && chown root:root /etc/gemmaserve/replica-0.env && systemctl stop prometheus"
+        " && systemctl disable --quiet gemmaserve-cache-save.timer"
+    )
     assert sandbox_host.run(drift).rc == 0
     result, _ = run_deploy(host.name)
     assert result.returncode == 0, result.stdout[-3000:]
@@ -113,14 +119,17 @@ def test_model_list(client, sandbox_plan):
 
 def test_chat_completion(client, sandbox_plan):
     reply = client.chat.completions.create(
-        model=sandbox_plan.model.hf_id, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0)
+        model=sandbox_plan.model.hf_id, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0
+    )
     assert reply.choices[0].message.content
     assert reply.usage.completion_tokens > 0
 
 
 def test_json_schema_output_is_valid(client, sandbox_plan):
     reply = client.chat.completions.create(
-        model=sandbox_plan.model.hf_id, max_tokens=400, temperature=0,
+        model=sandbox_plan.model.hf_id,
+        max_tokens=400,
+        temperature=0,
         messages=[{"role": "user", "content": "Weather in Paris as JSON."}],
         response_format={"type": "json_schema", "json_schema": {"name": "city-weather", "schema": CITY_SCHEMA}},
     )
@@ -130,7 +139,11 @@ def test_json_schema_output_is_valid(client, sandbox_plan):
 
 def test_request_with_tools_is_accepted(client, sandbox_plan):
     reply = client.chat.completions.create(
-        model=sandbox_plan.model.hf_id, max_tokens=16, temperature=0, tools=[WEATHER_TOOL], tool_choice="auto",
+        model=sandbox_plan.model.hf_id,
+        max_tokens=16,
+        temperature=0,
+        tools=[WEATHER_TOOL],
+        tool_choice="auto",
         messages=[{"role": "user", "content": "What is the weather in Tokyo?"}],
     )
     assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
@@ -138,8 +151,12 @@ def test_request_with_tools_is_accepted(client, sandbox_plan):
 
 def test_streaming_passes_through_haproxy(client, sandbox_plan):
     stream = client.chat.completions.create(
-        model=sandbox_plan.model.hf_id, max_tokens=8, temperature=0, stream=True,
-        messages=[{"role": "user", "content": "Count"}])
+        model=sandbox_plan.model.hf_id,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        messages=[{"role": "user", "content": "Count"}],
+    )
     chunks = [c for c in stream if c.choices and c.choices[0].delta.content]
     assert len(chunks) >= 2
 
@@ -150,8 +167,9 @@ def test_metrics_carry_kv_cache_usage(endpoint):
 
 
 def test_sandbox_status_reports_the_endpoint(deployed, endpoint):
-    result = subprocess.run([sys.executable, "-m", "gemmaserve", "sandbox", "status", "--json"],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "gemmaserve", "sandbox", "status", "--json"], capture_output=True, text=True, check=True
+    )
     hosts = {h["name"]: h for h in json.loads(result.stdout)["hosts"]}
     assert hosts[deployed[0].name]["endpoint"] == endpoint
 
@@ -178,14 +196,22 @@ def test_replica_not_exposed_beyond_loopback(deployed, sandbox_host):
     assert not sandbox_host.socket("tcp://0.0.0.0:8000").is_listening
 
 
-RENDERED_UNITS = ["vllm@0.service", "gemmaserve.target", "gemmaserve-cache-restore.service",
-                  "gemmaserve-cache-save.service", "gemmaserve-cache-save.timer"]
+RENDERED_UNITS = [
+    "vllm@0.service",
+    "gemmaserve.target",
+    "gemmaserve-cache-restore.service",
+    "gemmaserve-cache-save.service",
+    "gemmaserve-cache-save.timer",
+]
 
 
 @pytest.mark.parametrize("unit", RENDERED_UNITS)
 def test_units_pass_systemd_analyze_verify(deployed, sandbox_host, unit):
-    result = sandbox_host.run(f"systemd-analyze verify /etc/systemd/system/{unit.replace('@0', '@')}" if "@" in unit
-                              else f"systemd-analyze verify /etc/systemd/system/{unit}")
+    result = sandbox_host.run(
+        f"systemd-analyze verify /etc/systemd/system/{unit.replace('@0', '@')}"
+        if "@" in unit
+        else f"systemd-analyze verify /etc/systemd/system/{unit}"
+    )
     assert result.rc == 0 and result.stdout.strip() == "" and result.stderr.strip() == "", result.stderr
 
 
@@ -214,7 +240,7 @@ def test_replica_env_file_matches_the_plan(deployed, sandbox_host, sandbox_plan)
 def test_vllm_runs_the_planned_argv(deployed, sandbox_host, sandbox_plan):
     pid = sandbox_host.run("systemctl show -p MainPID --value vllm@0").stdout.strip()
     cmdline = sandbox_host.file(f"/proc/{pid}/cmdline").content_string.split("\0")
-    assert cmdline[cmdline.index("serve") + 1:][:-1] == sandbox_plan.replicas[0].argv[2:]
+    assert cmdline[cmdline.index("serve") + 1 :][:-1] == sandbox_plan.replicas[0].argv[2:]
 
 
 def test_compile_caches_on_tmpfs(deployed, sandbox_host, sandbox_plan):
@@ -237,8 +263,11 @@ def _all_planned_argvs() -> list[list[str]]:
     argvs = [r.argv for spec in specs for r in plan(spec).replicas]
     from gemmaserve.spec import parse_spec
 
-    seed_specs = [seeds.SEED02_SPEC, seeds.SEED04_SPEC,
-                  {**seeds.SEED02_SPEC, "workload": {**seeds.SEED02_SPEC["workload"], "speculative": {"method": "mtp"}}}]
+    seed_specs = [
+        seeds.SEED02_SPEC,
+        seeds.SEED04_SPEC,
+        {**seeds.SEED02_SPEC, "workload": {**seeds.SEED02_SPEC["workload"], "speculative": {"method": "mtp"}}},
+    ]
     argvs += [r.argv for data in seed_specs for r in plan(parse_spec(data)).replicas]
     return argvs
 
@@ -250,7 +279,9 @@ def argcheck_on_host(deployed, sandbox_host, sandbox_plan):
     typo[typo.index("--gpu-memory-utilization")] = "--gpu-memory-utilisation"
     payload = json.dumps(argvs + [typo])
     sandbox_host.run(f"cat > /tmp/argvs.json <<'EOF'\n{payload}\nEOF")
-    result = sandbox_host.run(f"{sandbox_plan.engine.venv}/bin/python /opt/gemmaserve/lib/vllm_argcheck.py /tmp/argvs.json")
+    result = sandbox_host.run(
+        f"{sandbox_plan.engine.venv}/bin/python /opt/gemmaserve/lib/vllm_argcheck.py /tmp/argvs.json"
+    )
     verdicts = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     return result.rc, verdicts, len(argvs)
 
@@ -281,7 +312,9 @@ def test_bad_host_data_fails_before_any_change(deployed, sandbox_host, tmp_path)
     assert result.returncode != 0
     assert "workload.gpu_memory_utilization = 1.7" in output and "less than or equal to 0.98" in output
     assert "Starting operation" not in output
-    assert sandbox_host.run("sha256sum /etc/gemmaserve/replica-0.env /etc/systemd/system/vllm@.service").stdout == before
+    assert (
+        sandbox_host.run("sha256sum /etc/gemmaserve/replica-0.env /etc/systemd/system/vllm@.service").stdout == before
+    )
 
 
 def test_plan_capacity_matches_vllms_own_accounting(endpoint, sandbox_plan):
@@ -289,17 +322,24 @@ def test_plan_capacity_matches_vllms_own_accounting(endpoint, sandbox_plan):
     status, body = request(root_of(endpoint) + "/metrics")
     labels = dict(re.findall(r'(\w+)="([^"]*)"', re.search(r"vllm:cache_config_info\{([^}]*)\}", body)[1]))
     capacity = sandbox_plan.replicas[0].capacity
-    print(f"\n[figure] vLLM: {labels['num_gpu_blocks']} blocks, {labels['kv_cache_size_tokens']} tokens, "
-          f"{float(labels['kv_cache_max_concurrency']):.2f}x; plan: {capacity.num_blocks} blocks, "
-          f"{capacity.kv_cache_tokens} tokens, {capacity.max_concurrency:.2f}x")
+    print(
+        f"\n[figure] vLLM: {labels['num_gpu_blocks']} blocks, {labels['kv_cache_size_tokens']} tokens, "
+        f"{float(labels['kv_cache_max_concurrency']):.2f}x; plan: {capacity.num_blocks} blocks, "
+        f"{capacity.kv_cache_tokens} tokens, {capacity.max_concurrency:.2f}x"
+    )
     assert int(labels["num_gpu_blocks"]) == capacity.num_blocks
     assert int(labels["kv_cache_size_tokens"]) == capacity.kv_cache_tokens
     assert float(labels["kv_cache_max_concurrency"]) == pytest.approx(capacity.max_concurrency, rel=1e-9)
 
 
 def test_gemmaserve_status_reports_the_replica(deployed, sandbox_plan):
-    result = subprocess.run([sys.executable, "-m", "gemmaserve", "status", "--inventory", "hosts/sandbox.py", "--json"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "gemmaserve", "status", "--inventory", "hosts/sandbox.py", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     (replica,) = [r for r in json.loads(result.stdout)["replicas"] if r["host"] == deployed[0].name]
     assert replica["state"] == "active" and replica["healthy"] is True
@@ -309,8 +349,13 @@ def test_gemmaserve_status_reports_the_replica(deployed, sandbox_plan):
 
 def test_verify_suite_passes_against_the_sandbox(deployed):
     """The product's own verification suite (tests/verify), run as a user would, against this host."""
-    result = subprocess.run([sys.executable, "-m", "gemmaserve", "verify", "--inventory", "hosts/sandbox.py",
-                             "-k", deployed[0].name], cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "gemmaserve", "verify", "--inventory", "hosts/sandbox.py", "-k", deployed[0].name],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-500:]
     print(f"\n[figure] gemmaserve verify: {summary}")
     assert result.returncode == 0, result.stdout[-3000:]
@@ -319,13 +364,39 @@ def test_verify_suite_passes_against_the_sandbox(deployed):
 
 def test_bench_scaled_down_sweep_writes_table_json_and_plot(deployed, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "gemmaserve", "bench", "--inventory", "hosts/sandbox.py", "--profile", "balanced",
-         "--profile", "prompt-heavy", "--concurrency", "1,2", "--scale", "0.01", "--prompts-per-level", "2",
-         "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "gemmaserve",
+            "bench",
+            "--inventory",
+            "hosts/sandbox.py",
+            "--profile",
+            "balanced",
+            "--profile",
+            "prompt-heavy",
+            "--concurrency",
+            "1,2",
+            "--scale",
+            "0.01",
+            "--prompts-per-level",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     points = json.loads((tmp_path / "bench.json").read_text())["points"]
-    assert {(p["profile"], p["concurrency"]) for p in points} == {("balanced", 1), ("balanced", 2),
-                                                                  ("prompt-heavy", 1), ("prompt-heavy", 2)}
+    assert {(p["profile"], p["concurrency"]) for p in points} == {
+        ("balanced", 1),
+        ("balanced", 2),
+        ("prompt-heavy", 1),
+        ("prompt-heavy", 2),
+    }
     assert all(p["results"]["completed"] == p["num_prompts"] and p["results"]["output_throughput"] > 0 for p in points)
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "gemmaserve bench" in result.stdout

@@ -27,8 +27,11 @@ def dry_run(sandbox_hosts, tmp_path_factory):
     token.write_text("hf_dryrunTESTtoken\n")
     data = {
         **gpu8_data,
-        "ssh_hostname": host.address, "ssh_user": state.SSH_USER, "ssh_key": str(state.SSH_KEY),
-        "ssh_known_hosts_file": "/dev/null", "ssh_strict_host_key_checking": "off",
+        "ssh_hostname": host.address,
+        "ssh_user": state.SSH_USER,
+        "ssh_key": str(state.SSH_KEY),
+        "ssh_known_hosts_file": "/dev/null",
+        "ssh_strict_host_key_checking": "off",
         "gemmaserve_gpu_facts": {"gpu_count": 8, "kernel_module": None},
         # gpu8 reads its token from a file on the host; a dry run only plans the upload.
         "secrets_hf_token_src": str(token),
@@ -39,7 +42,12 @@ def dry_run(sandbox_hosts, tmp_path_factory):
     result = subprocess.run(
         [str(Path(sys.executable).with_name("pyinfra")), "--dry", str(inventory), "tests/roles/gpu_facts_deploy.py"],
         # No -y: the change-detection listing is what a dry run is for; --dry then stops before executing.
-        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     return result, before, host
@@ -49,9 +57,12 @@ def _snapshot(host) -> str:
     from gemmaserve.sandbox import hosts
 
     current = state.load_state().host(host.name)  # its PID changes if another test rebooted it
-    return hosts.in_host(current, "/bin/sh", "-c",
-                         "ls -la /etc/apt/preferences.d /etc/apt/sources.list.d /etc/gemmaserve 2>&1; "
-                         "dpkg -l | grep -c '^ii'").stdout
+    return hosts.in_host(
+        current,
+        "/bin/sh",
+        "-c",
+        "ls -la /etc/apt/preferences.d /etc/apt/sources.list.d /etc/gemmaserve 2>&1; dpkg -l | grep -c '^ii'",
+    ).stdout
 
 
 def test_dry_run_succeeds(dry_run):
@@ -59,14 +70,17 @@ def test_dry_run_succeeds(dry_run):
     assert result.returncode == 0, result.stdout[-4000:]
 
 
-@pytest.mark.parametrize("operation", [
-    "Install the NVIDIA driver |",
-    "Install uv",
-    "Install vllm==0.33.0 and transformers==",
-    "Install vLLM 0.33.0's Gemma 4 tool chat template",
-    "Stage replica 3's environment",
-    "Drain replica 3 in HAProxy",
-])
+@pytest.mark.parametrize(
+    "operation",
+    [
+        "Install the NVIDIA driver |",
+        "Install uv",
+        "Install vllm==0.33.0 and transformers==",
+        "Install vLLM 0.33.0's Gemma 4 tool chat template",
+        "Stage replica 3's environment",
+        "Drain replica 3 in HAProxy",
+    ],
+)
 def test_dry_run_plans_the_gpu_host_operations(dry_run, operation):
     assert operation in dry_run[0].stdout
 

@@ -50,7 +50,11 @@ def deploy(host_name: str, data: dict, tmp_path: Path) -> subprocess.CompletedPr
     override.write_text(yaml.safe_dump(data))
     return subprocess.run(
         [str(Path(sys.executable).with_name("pyinfra")), "-y", "--limit", host_name, "hosts/sandbox.py", "deploy.py"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
         env={**os.environ, OVERRIDE_ENV: str(override)},
     )
 
@@ -71,8 +75,9 @@ class Load:
     _sent: int = 0
 
     def _one(self) -> None:
-        body = json.dumps({"model": self.model, "max_tokens": 4, "temperature": 0,
-                           "messages": [{"role": "user", "content": "ping"}]}).encode()
+        body = json.dumps(
+            {"model": self.model, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "ping"}]}
+        ).encode()
         request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
         try:
             with _OPENER.open(request, timeout=120) as response:
@@ -93,7 +98,9 @@ class Load:
 
     def __enter__(self) -> Load:
         deadline = time.monotonic() + self.seconds
-        self._workers = [threading.Thread(target=self._worker, args=(deadline,), daemon=True) for _ in range(self.threads)]
+        self._workers = [
+            threading.Thread(target=self._worker, args=(deadline,), daemon=True) for _ in range(self.threads)
+        ]
         for worker in self._workers:
             worker.start()
         return self
@@ -140,14 +147,17 @@ def test_both_replicas_serve_behind_haproxy(two_replicas, sandbox_host):
 # --- secret hygiene -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where, command", [
-    ("unit files", "cat /etc/systemd/system/vllm@.service /etc/systemd/system/gemmaserve*.service"),
-    ("env files", "cat /etc/gemmaserve/replica-*.env"),
-    ("the journal", "journalctl --no-pager -o cat"),
-    ("systemctl show", "systemctl show 'vllm@*' gemmaserve.target haproxy"),
-    ("process environments", "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'"),
-    ("process command lines", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '"),
-])
+@pytest.mark.parametrize(
+    "where, command",
+    [
+        ("unit files", "cat /etc/systemd/system/vllm@.service /etc/systemd/system/gemmaserve*.service"),
+        ("env files", "cat /etc/gemmaserve/replica-*.env"),
+        ("the journal", "journalctl --no-pager -o cat"),
+        ("systemctl show", "systemctl show 'vllm@*' gemmaserve.target haproxy"),
+        ("process environments", "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'"),
+        ("process command lines", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '"),
+    ],
+)
 def test_token_absent(two_replicas, sandbox_host, where, command):
     output = sandbox_host.run(command).stdout
     assert len(output) > 100, f"{where}: nothing read, the check would be vacuous"
@@ -188,8 +198,11 @@ def test_sigkilled_replica_loses_no_request_and_is_restarted(two_replicas, sandb
         wait_until(lambda: load.ok >= 40 or bool(load.failures), 200, "40 requests after the kill")
     print(f"\n[figure] SIGKILL under load: {load.ok} ok, {len(load.failures)} failed")
     assert load.failures == []
-    wait_until(lambda: int(sandbox_host.run("systemctl show -p NRestarts --value vllm@0").stdout.strip()) > before,
-               60, "systemd to restart vllm@0")
+    wait_until(
+        lambda: int(sandbox_host.run("systemctl show -p NRestarts --value vllm@0").stdout.strip()) > before,
+        60,
+        "systemd to restart vllm@0",
+    )
     wait_until(lambda: set(haproxy_status(sandbox_host).values()) == {"UP"}, 240, "vllm@0 back UP in HAProxy")
 
 
@@ -197,14 +210,16 @@ def test_rolling_restart_keeps_serving_and_restarts_every_changed_replica(two_re
     host, serving, _, tmp_path = two_replicas
     started = [unit_started(sandbox_host, i) for i in (0, 1)]
     changed = two_replica_data(tmp_path, max_num_seqs=32)
-    with Load(f"http://{host.address}:8080/v1/chat/completions", serving.model.hf_id, limit=20000, seconds=600, threads=2) as load:
+    with Load(
+        f"http://{host.address}:8080/v1/chat/completions", serving.model.hf_id, limit=20000, seconds=600, threads=2
+    ) as load:
         wait_until(lambda: load.ok >= 3, 60, "the load to start")
         result = deploy(host.name, changed, tmp_path)
     print(f"\n[figure] rolling restart of 2 replicas under load: {load.ok} ok, {len(load.failures)} failed")
     assert result.returncode == 0, result.stdout[-3000:]
     assert load.failures == []
     assert [unit_started(sandbox_host, i) for i in (0, 1)] != started
-    assert all(a != b for a, b in zip(started, [unit_started(sandbox_host, i) for i in (0, 1)]))
+    assert all(a != b for a, b in zip(started, [unit_started(sandbox_host, i) for i in (0, 1)], strict=True))
     assert "--max-num-seqs 32" in sandbox_host.file("/etc/gemmaserve/replica-1.env").content_string
     deploy(host.name, two_replica_data(tmp_path), tmp_path)  # back to the module's config
 
@@ -237,7 +252,10 @@ def test_reboot_brings_units_router_and_compile_cache_back(two_replicas, sandbox
     assert int(sandbox_host.run("stat -c %Z /proc/1").stdout.strip()) > int(pid1_before)
     wait_until(lambda: set(haproxy_status(sandbox_host).values()) == {"UP"}, 300, "both replicas UP after reboot")
     for unit in ("vllm@0", "vllm@1", "haproxy", "gemmaserve-cache-restore"):
-        assert sandbox_host.service(unit).is_running or sandbox_host.run(f"systemctl is-active {unit}").stdout.strip() == "active"
+        assert (
+            sandbox_host.service(unit).is_running
+            or sandbox_host.run(f"systemctl is-active {unit}").stdout.strip() == "active"
+        )
     # /dev/shm is new after a reboot: the marker is there only because it was saved at shutdown and
     # restored before the replicas started.
     assert sandbox_host.file(marker).content_string.strip() == "survived"

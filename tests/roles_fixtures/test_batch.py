@@ -40,10 +40,14 @@ def test_installed_packages_tells_installed_from_missing() -> None:
 
 
 def test_unit_states_parses_active_and_enabled() -> None:
-    states = batch.UnitStates().process(["haproxy.service active enabled", "vllm@1.service failed",
-                                         "gone.service inactive"])
-    assert states == {"haproxy.service": ("active", "enabled"), "vllm@1.service": ("failed", ""),
-                      "gone.service": ("inactive", "")}
+    states = batch.UnitStates().process(
+        ["haproxy.service active enabled", "vllm@1.service failed", "gone.service inactive"]
+    )
+    assert states == {
+        "haproxy.service": ("active", "enabled"),
+        "vllm@1.service": ("failed", ""),
+        "gone.service": ("inactive", ""),
+    }
 
 
 class FakeHost:
@@ -57,14 +61,20 @@ class FakeHost:
 @pytest.fixture
 def emitted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict]]:
     calls: list[tuple[str, dict]] = []
-    for module, op in ((batch.files, "put"), (batch.files, "directory"), (batch.systemd, "service"),
-                       (batch.apt, "packages")):
+    for module, op in (
+        (batch.files, "put"),
+        (batch.files, "directory"),
+        (batch.systemd, "service"),
+        (batch.apt, "packages"),
+    ):
         monkeypatch.setattr(module, op, lambda _op=op, **kw: calls.append((_op, kw)) or f"{_op}-op")
     return calls
 
 
 def snapshot(monkeypatch: pytest.MonkeyPatch, paths: dict[str, batch.PathState], units=None) -> batch.Snapshot:
-    monkeypatch.setattr(batch, "host", FakeHost({batch.PathStates: list(paths.values()), batch.UnitStates: units or {}}))
+    monkeypatch.setattr(
+        batch, "host", FakeHost({batch.PathStates: list(paths.values()), batch.UnitStates: units or {}})
+    )
     return batch.Snapshot(paths=list(paths), units=list(units or {}))
 
 
@@ -78,13 +88,16 @@ def test_matching_file_emits_no_operation(monkeypatch, emitted) -> None:
     assert not batch.UNCHANGED.did_change() and emitted == []
 
 
-@pytest.mark.parametrize("state", [
-    batch.PathState("file", "root", "root", 0o644, "0" * 40),   # content differs
-    batch.PathState("file", "root", "root", 0o600, SHA1),       # mode differs
-    batch.PathState("file", "nobody", "root", 0o644, SHA1),     # owner differs
-    batch.PathState("absent"),
-    batch.PathState("directory", "root", "root", 0o644),
-])
+@pytest.mark.parametrize(
+    "state",
+    [
+        batch.PathState("file", "root", "root", 0o644, "0" * 40),  # content differs
+        batch.PathState("file", "root", "root", 0o600, SHA1),  # mode differs
+        batch.PathState("file", "nobody", "root", 0o644, SHA1),  # owner differs
+        batch.PathState("absent"),
+        batch.PathState("directory", "root", "root", 0o644),
+    ],
+)
 def test_any_difference_emits_pyinfras_put(monkeypatch, emitted, state) -> None:
     now = snapshot(monkeypatch, {"/f": state})
     assert now.put(name="f", dest="/f", content=CONTENT) == "put-op"
@@ -98,21 +111,29 @@ def test_unreadable_answer_falls_back_to_pyinfra(monkeypatch, emitted) -> None:
 
 
 def test_directory_decision(monkeypatch, emitted) -> None:
-    now = snapshot(monkeypatch, {"/d": batch.PathState("directory", "root", "gemmaserve", 0o750),
-                                 "/e": batch.PathState("directory", "root", "root", 0o755)})
+    now = snapshot(
+        monkeypatch,
+        {
+            "/d": batch.PathState("directory", "root", "gemmaserve", 0o750),
+            "/e": batch.PathState("directory", "root", "root", 0o755),
+        },
+    )
     assert now.directory(name="d", path="/d", group="gemmaserve", mode="0750") is batch.UNCHANGED
     assert now.directory(name="e", path="/e", mode="0750") == "directory-op"
 
 
-@pytest.mark.parametrize("state, running, enabled, needed", [
-    (("active", "enabled"), True, True, False),
-    (("active", "static"), True, True, False),
-    (("inactive", "enabled"), True, True, True),
-    (("failed", "enabled"), True, True, True),
-    (("active", "disabled"), True, True, True),
-    (("inactive", "enabled"), None, True, False),
-    (("active", "enabled"), False, False, True),
-])
+@pytest.mark.parametrize(
+    "state, running, enabled, needed",
+    [
+        (("active", "enabled"), True, True, False),
+        (("active", "static"), True, True, False),
+        (("inactive", "enabled"), True, True, True),
+        (("failed", "enabled"), True, True, True),
+        (("active", "disabled"), True, True, True),
+        (("inactive", "enabled"), None, True, False),
+        (("active", "enabled"), False, False, True),
+    ],
+)
 def test_service_decision(monkeypatch, emitted, state, running, enabled, needed) -> None:
     now = snapshot(monkeypatch, {}, units={"x.service": state})
     result = now.service(name="x", service="x.service", running=running, enabled=enabled)
@@ -124,8 +145,12 @@ def test_packages_only_when_missing(monkeypatch, emitted) -> None:
     monkeypatch.setattr(batch, "host", FakeHost({batch.InstalledPackages: {"curl"}}))
     assert batch.packages(name="p", packages=["curl"]) is batch.UNCHANGED
     assert batch.packages(name="p", packages=["curl", "haproxy"]) == "packages-op"
-    assert emitted == [("packages", {"name": "p", "packages": ["curl", "haproxy"], "no_recommends": True,
-                                     "update": True, "cache_time": 3600})]
+    assert emitted == [
+        (
+            "packages",
+            {"name": "p", "packages": ["curl", "haproxy"], "no_recommends": True, "update": True, "cache_time": 3600},
+        )
+    ]
 
 
 def test_render_keeps_the_trailing_newline_and_is_strict(tmp_path: Path) -> None:

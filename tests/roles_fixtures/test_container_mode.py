@@ -30,8 +30,12 @@ def tpu():
 
 
 def gpu(kind: str, count: int):
-    data = {"model": "31b", "accelerator": {"kind": kind, "count": count},
-            "engine": {"kind": "container", "image": "vllm/vllm-openai:v0.33.0"}, "secret": {"file": "/etc/gemmaserve/hf-token"}}
+    data = {
+        "model": "31b",
+        "accelerator": {"kind": kind, "count": count},
+        "engine": {"kind": "container", "image": "vllm/vllm-openai:v0.33.0"},
+        "secret": {"file": "/etc/gemmaserve/hf-token"},
+    }
     return plan(parse_spec(data)).require_ok()
 
 
@@ -41,8 +45,16 @@ def test_tpu_unit_runs_the_pinned_image(tpu):
     assert "vllm/vllm-tpu:v0.32.0 $VLLM_ARGS" in line
 
 
-@pytest.mark.parametrize("flag", ["--network=host", "--ipc=host", "--privileged", "-v /dev/shm:/dev/shm",
-                                  "--env-file /etc/gemmaserve/replica-%i.env"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--network=host",
+        "--ipc=host",
+        "--privileged",
+        "-v /dev/shm:/dev/shm",
+        "--env-file /etc/gemmaserve/replica-%i.env",
+    ],
+)
 def test_tpu_container_flags(tpu, flag):
     assert flag in exec_start(render(tpu))  # seeds 01/04: privileged, host network, the host's /dev/shm
 

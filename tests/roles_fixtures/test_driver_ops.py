@@ -98,8 +98,16 @@ def test_every_change_fixture_has_a_converged_state() -> None:
     by_op: dict[str, list[dict]] = {}
     for case in CASES:
         by_op.setdefault(case.parent.name, []).append({"file": case.name, **json.loads(case.read_text())})
-    assert {"nvidia.driver", "nvidia.fabric_manager", "nvidia.container_toolkit", "nvidia.reboot_for_driver",
-            "rocm.rocm_release", "rocm.device_groups", "rocm.reboot_for_amdgpu", "tpu.shm_size"} <= set(by_op)
+    assert {
+        "nvidia.driver",
+        "nvidia.fabric_manager",
+        "nvidia.container_toolkit",
+        "nvidia.reboot_for_driver",
+        "rocm.rocm_release",
+        "rocm.device_groups",
+        "rocm.reboot_for_amdgpu",
+        "tpu.shm_size",
+    } <= set(by_op)
     for op, cases in by_op.items():
         assert any(c.get("commands") == [] for c in cases), f"{op}: no no-change fixture"
         idempotent = not op.split(".")[1].startswith("reboot")
@@ -119,14 +127,24 @@ def test_harness_fails_on_wrong_commands() -> None:
 
 
 # Facts parse what the hosts print (samples from real hosts' /proc, df and the ROCm tree).
-@pytest.mark.parametrize(("output", "expected"), [
-    (["NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs-builder@U22-I3-AE18-09-3)  "
-      "Wed Sep 24 22:19:58 UTC 2025", "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)"],
-     {"version": "580.95.05", "open": True}),
-    (["NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.172.08  Tue Jul  8 18:38:58 UTC 2025"],
-     {"version": "570.172.08", "open": False}),
-    ([], None),
-])
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        (
+            [
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs-builder@U22-I3-AE18-09-3)  "
+                "Wed Sep 24 22:19:58 UTC 2025",
+                "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)",
+            ],
+            {"version": "580.95.05", "open": True},
+        ),
+        (
+            ["NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.172.08  Tue Jul  8 18:38:58 UTC 2025"],
+            {"version": "570.172.08", "open": False},
+        ),
+        ([], None),
+    ],
+)
 def test_nvidia_kernel_module_fact(output: list[str], expected: dict | None) -> None:
     from roles.nvidia import NvidiaKernelModule
 
@@ -154,14 +172,17 @@ def test_blackwell_cannot_use_proprietary_modules() -> None:
         open_modules_for("b200", False)
 
 
-@pytest.mark.parametrize(("data", "prefix", "expected"), [
-    ({}, "nvidia", False),
-    ({"gemmaserve_allow_reboot": True}, "nvidia", True),
-    ({"gemmaserve_allow_reboot": True, "nvidia_allow_reboot": False}, "nvidia", False),
-    ({"nvidia_allow_reboot": True}, "nvidia", True),
-    ({"nvidia_allow_reboot": True}, "rocm", False),
-    ({"gemmaserve_allow_reboot": False, "rocm_allow_reboot": True}, "rocm", True),
-])
+@pytest.mark.parametrize(
+    ("data", "prefix", "expected"),
+    [
+        ({}, "nvidia", False),
+        ({"gemmaserve_allow_reboot": True}, "nvidia", True),
+        ({"gemmaserve_allow_reboot": True, "nvidia_allow_reboot": False}, "nvidia", False),
+        ({"nvidia_allow_reboot": True}, "nvidia", True),
+        ({"nvidia_allow_reboot": True}, "rocm", False),
+        ({"gemmaserve_allow_reboot": False, "rocm_allow_reboot": True}, "rocm", True),
+    ],
+)
 def test_reboot_permission(data: dict, prefix: str, expected: bool) -> None:
     from roles.nvidia import allow_reboot
 
@@ -187,8 +208,12 @@ def test_fstab_edit_runs(tmp_path: Path) -> None:
         pytest.fail("sed is missing")
     fstab = tmp_path / "fstab"
     fstab.write_text("LABEL=cloudimg-rootfs / ext4 defaults 0 1\ntmpfs /dev/shm tmpfs defaults,size=10g 0 0\n")
-    commands, _ = run_op("tpu.shm_size", {"size": "128G"}, {
-        "files.FileContents": {"path=/etc/fstab": fstab.read_text().splitlines()}, "roles.tpu.ShmSize": 0})
+    commands, _ = run_op(
+        "tpu.shm_size",
+        {"size": "128G"},
+        {"files.FileContents": {"path=/etc/fstab": fstab.read_text().splitlines()}, "roles.tpu.ShmSize": 0},
+    )
     subprocess.run(["sh", "-c", commands[0].replace("/etc/fstab", str(fstab))], check=True)
-    assert fstab.read_text() == ("LABEL=cloudimg-rootfs / ext4 defaults 0 1\n"
-                                 "tmpfs /dev/shm tmpfs rw,nosuid,nodev,size=128G 0 0\n")
+    assert fstab.read_text() == (
+        "LABEL=cloudimg-rootfs / ext4 defaults 0 1\ntmpfs /dev/shm tmpfs rw,nosuid,nodev,size=128G 0 0\n"
+    )

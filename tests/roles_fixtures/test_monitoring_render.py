@@ -38,7 +38,8 @@ def gpu8():
 def rendered(tmp_path: Path, gpu8) -> Path:
     (tmp_path / "gemmaserve.yml").write_text(alert_rules(gpu8))
     (tmp_path / "prometheus.yml").write_text(
-        prometheus_config(gpu8, host_name="gpu8", rules_glob=str(tmp_path / "gemmaserve.yml")))
+        prometheus_config(gpu8, host_name="gpu8", rules_glob=str(tmp_path / "gemmaserve.yml"))
+    )
     shutil.copy(RULES_TEST, tmp_path / "alert_rules_test.yml")
     return tmp_path
 
@@ -60,7 +61,10 @@ def test_config_scrapes_every_replica_and_haproxy(gpu8) -> None:
 def test_rules_hold_the_seed_thresholds(gpu8) -> None:
     rules = {r["alert"]: r for r in yaml.safe_load(alert_rules(gpu8))["groups"][0]["rules"]}
     assert rules["VllmKvCacheNearlyFull"]["expr"] == "vllm:kv_cache_usage_perc > 0.85"
-    assert (rules["VllmRequestsQueued"]["expr"], rules["VllmRequestsQueued"]["for"]) == ("vllm:num_requests_waiting > 0", "30s")
+    assert (rules["VllmRequestsQueued"]["expr"], rules["VllmRequestsQueued"]["for"]) == (
+        "vllm:num_requests_waiting > 0",
+        "30s",
+    )
     assert rules["VllmReplicaDown"]["expr"] == 'up{job="vllm"} == 0'
     assert rules["HaproxyReplicaOutOfRotation"]["expr"] == 'haproxy_backend_active_servers{proxy="vllm"} < 4'
 
@@ -92,5 +96,7 @@ def test_promtool_catches_a_broken_threshold(promtool: str, rendered: Path, gpu8
 
 
 def test_prometheus_flags() -> None:
-    assert prometheus_args() == ('ARGS="--config.file=/etc/prometheus/prometheus.yml --web.listen-address=127.0.0.1:9090'
-                                 ' --storage.tsdb.retention.time=15d"\n')
+    assert prometheus_args() == (
+        'ARGS="--config.file=/etc/prometheus/prometheus.yml --web.listen-address=127.0.0.1:9090'
+        ' --storage.tsdb.retention.time=15d"\n'
+    )

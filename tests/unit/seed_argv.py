@@ -25,7 +25,7 @@ def serve_flags(command: str | list[str]) -> tuple[str, dict]:
     if argv[:2] == ["vllm", "serve"]:
         model, rest = argv[2], argv[3:]
     else:
-        rest = argv[argv.index("--model"):]
+        rest = argv[argv.index("--model") :]
         model = rest[1]
         rest = rest[2:]
     flags: dict = {}

@@ -10,10 +10,15 @@ def test_aliases_are_unique():
     assert len(names) == len(set(names))
 
 
-@pytest.mark.parametrize("alias, hf_id", [
-    ("e2b", "google/gemma-4-E2B-it"), ("e4b", "google/gemma-4-E4B-it"),
-    ("31b", "google/gemma-4-31B-it"), ("26b-a4b", "google/gemma-4-26B-A4B-it"),
-])
+@pytest.mark.parametrize(
+    "alias, hf_id",
+    [
+        ("e2b", "google/gemma-4-E2B-it"),
+        ("e4b", "google/gemma-4-E4B-it"),
+        ("31b", "google/gemma-4-31B-it"),
+        ("26b-a4b", "google/gemma-4-26B-A4B-it"),
+    ],
+)
 def test_aliases_resolve(alias, hf_id):
     assert CATALOG.model(alias).hf_id == hf_id
     assert CATALOG.model(hf_id.upper()).hf_id == hf_id
@@ -50,25 +55,50 @@ def test_audio_only_on_small_models(alias, audio):
 
 
 def test_only_31b_has_an_mtp_assistant():
-    assert {m.aliases[0]: m.mtp_assistant for m in CATALOG.models if m.mtp_assistant} == {"31b": "google/gemma-4-31B-it-assistant"}
+    assert {m.aliases[0]: m.mtp_assistant for m in CATALOG.models if m.mtp_assistant} == {
+        "31b": "google/gemma-4-31B-it-assistant"
+    }
 
 
 def test_26b_weights_measured_in_seed05():
     assert CATALOG.model("26b-a4b").weights_gib == 48.5
 
 
-@pytest.mark.parametrize("name", ["a100-40gb", "a100-80gb", "h100-80gb", "h200", "b200", "rtx-pro-6000", "l4",
-                                  "mi300x", "mi325x", "mi355x", "tpu-v5e", "tpu-v6e", "tpu-v7", "cpu"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a100-40gb",
+        "a100-80gb",
+        "h100-80gb",
+        "h200",
+        "b200",
+        "rtx-pro-6000",
+        "l4",
+        "mi300x",
+        "mi325x",
+        "mi355x",
+        "tpu-v5e",
+        "tpu-v6e",
+        "tpu-v7",
+        "cpu",
+    ],
+)
 def test_every_accelerator_listed(name):
     acc = CATALOG.accelerator(name)
     assert acc.memory_gib > 0 and acc.interconnect and acc.vendor
 
 
-@pytest.mark.parametrize("name, count, machine_type", [
-    ("rtx-pro-6000", 8, "g4-standard-384"), ("rtx-pro-6000", 1, "g4-standard-48"),
-    ("a100-80gb", 1, "a2-ultragpu-1g"), ("a100-40gb", 8, "a2-highgpu-8g"),
-    ("h100-80gb", 8, "a3-highgpu-8g"), ("l4", 1, "g2-standard-8"),
-])
+@pytest.mark.parametrize(
+    "name, count, machine_type",
+    [
+        ("rtx-pro-6000", 8, "g4-standard-384"),
+        ("rtx-pro-6000", 1, "g4-standard-48"),
+        ("a100-80gb", 1, "a2-ultragpu-1g"),
+        ("a100-40gb", 8, "a2-highgpu-8g"),
+        ("h100-80gb", 8, "a3-highgpu-8g"),
+        ("l4", 1, "g2-standard-8"),
+    ],
+)
 def test_gcp_machine_types(name, count, machine_type):
     assert CATALOG.accelerator(name).machine_type_for(count).name == machine_type
 

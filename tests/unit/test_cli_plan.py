@@ -10,8 +10,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON_KEYS = {"model", "accelerator", "count", "replicas", "warnings"}
-REPLICA_KEYS = {"index", "devices", "tensor_parallel_size", "port", "argv", "env", "kv_cache_tokens",
-                "max_concurrency", "available_kv_cache_gib"}
+REPLICA_KEYS = {
+    "index",
+    "devices",
+    "tensor_parallel_size",
+    "port",
+    "argv",
+    "env",
+    "kv_cache_tokens",
+    "max_concurrency",
+    "available_kv_cache_gib",
+}
 
 
 def gemmaserve(*args):
@@ -28,8 +37,22 @@ def test_json_shape_is_exact():
 
 
 def test_calibration_from_the_command_line():
-    result = gemmaserve("plan", "--model", "26b-a4b", "--accelerator", "a100-80gb", "--max-model-len", "131072",
-                        "--gpu-memory-utilization", "0.9", "--available-kv-gib", "21.5", "--vllm-version", "0.19.0", "--json")
+    result = gemmaserve(
+        "plan",
+        "--model",
+        "26b-a4b",
+        "--accelerator",
+        "a100-80gb",
+        "--max-model-len",
+        "131072",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--available-kv-gib",
+        "21.5",
+        "--vllm-version",
+        "0.19.0",
+        "--json",
+    )
     replica = json.loads(result.stdout)["replicas"][0]
     assert abs(replica["kv_cache_tokens"] - 93936) <= 16
     assert replica["max_concurrency"] == 6.96
@@ -48,20 +71,28 @@ def test_flags_override_stack():
 
 
 def test_speculative_flag():
-    data = json.loads(gemmaserve("plan", "--model", "31b", "--accelerator", "h100-80gb", "--count", "2",
-                                 "--speculative", "mtp:2", "--json").stdout)
+    data = json.loads(
+        gemmaserve(
+            "plan", "--model", "31b", "--accelerator", "h100-80gb", "--count", "2", "--speculative", "mtp:2", "--json"
+        ).stdout
+    )
     argv = data["replicas"][0]["argv"]
     assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 2
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "31b", "--accelerator", "v100"], "accelerator.kind = 'v100'"),
-    (["--model", "31b", "--accelerator", "h100-80gb", "--gpu-memory-utilization", "1.5"],
-     "workload.gpu_memory_utilization = 1.5"),
-    (["--model", "31b"], "give --stack NAME, or at least --model and --accelerator"),
-    (["--stack", "nope"], "stack = 'nope'"),
-    (["--model", "31b", "--accelerator", "h100-80gb", "--available-kv-gib", "-1"], "--available-kv-gib = -1"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "31b", "--accelerator", "v100"], "accelerator.kind = 'v100'"),
+        (
+            ["--model", "31b", "--accelerator", "h100-80gb", "--gpu-memory-utilization", "1.5"],
+            "workload.gpu_memory_utilization = 1.5",
+        ),
+        (["--model", "31b"], "give --stack NAME, or at least --model and --accelerator"),
+        (["--stack", "nope"], "stack = 'nope'"),
+        (["--model", "31b", "--accelerator", "h100-80gb", "--available-kv-gib", "-1"], "--available-kv-gib = -1"),
+    ],
+)
 def test_bad_input_goes_to_stderr_with_exit_2(args, message):
     result = gemmaserve("plan", *args)
     assert result.returncode == 2

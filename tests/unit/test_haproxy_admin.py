@@ -27,7 +27,9 @@ class FakeHaproxy:
                 self.commands.append(line)
                 if line == "show stat":
                     body = HEADER + "".join(
-                        f"vllm,{name},0,0,{scur},0,,0,0,0,,0,,0,0,0,0,{status}\n" for name, (scur, status) in self.rows.items())
+                        f"vllm,{name},0,0,{scur},0,,0,0,0,,0,,0,0,0,0,{status}\n"
+                        for name, (scur, status) in self.rows.items()
+                    )
                     # Sessions finish one poll after a drain.
                     for row in self.rows.values():
                         if row[1] == "DRAIN":
@@ -40,7 +42,9 @@ class FakeHaproxy:
 
 @pytest.fixture
 def fake(tmp_path):
-    return FakeHaproxy(tmp_path / "admin.sock", {"replica0": [2, "UP"], "replica1": [0, "UP"]}), str(tmp_path / "admin.sock")
+    return FakeHaproxy(tmp_path / "admin.sock", {"replica0": [2, "UP"], "replica1": [0, "UP"]}), str(
+        tmp_path / "admin.sock"
+    )
 
 
 def test_drain_waits_until_idle(fake):

@@ -59,12 +59,19 @@ def fake_google():
 
 
 def run(secret, out, env):
-    return subprocess.run([sys.executable, str(SCRIPT), secret, str(out)], capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"], **env}, timeout=30)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), secret, str(out)],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], **env},
+        timeout=30,
+    )
 
 
-@pytest.mark.parametrize("secret", ["hf-token", "projects/demo-project/secrets/hf-token",
-                                    "projects/demo-project/secrets/hf-token/versions/latest"])
+@pytest.mark.parametrize(
+    "secret",
+    ["hf-token", "projects/demo-project/secrets/hf-token", "projects/demo-project/secrets/hf-token/versions/latest"],
+)
 def test_fetches_token_into_a_0400_file(fake_google, tmp_path, secret):
     out = tmp_path / "hf-token"
     result = run(secret, out, fake_google)
@@ -87,9 +94,17 @@ def test_missing_secret_fails_naming_it_and_writes_nothing(fake_google, tmp_path
 
 
 def test_no_metadata_server_and_no_gcloud_is_a_clear_error(tmp_path):
-    env = {"GEMMASERVE_METADATA_URL": "http://127.0.0.1:9/meta", "GEMMASERVE_SECRETMANAGER_URL": "http://127.0.0.1:9/sm"}
-    result = subprocess.run([sys.executable, str(SCRIPT), "hf-token", str(tmp_path / "t")], capture_output=True,
-                            text=True, env={"PATH": "/nonexistent", **env}, timeout=30)
+    env = {
+        "GEMMASERVE_METADATA_URL": "http://127.0.0.1:9/meta",
+        "GEMMASERVE_SECRETMANAGER_URL": "http://127.0.0.1:9/sm",
+    }
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "hf-token", str(tmp_path / "t")],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/nonexistent", **env},
+        timeout=30,
+    )
     assert result.returncode == 1 and "no gcloud" in result.stderr
 
 

@@ -5,8 +5,7 @@ import pytest
 from gemmaserve.hostdata import spec_from_host_data
 from gemmaserve.spec import SpecError
 
-GPU8 = {"gemmaserve_model": "31b", "gemmaserve_accelerator": {"kind": "rtx-pro-6000", "count": 8},
-        "ssh_user": "ubuntu"}
+GPU8 = {"gemmaserve_model": "31b", "gemmaserve_accelerator": {"kind": "rtx-pro-6000", "count": 8}, "ssh_user": "ubuntu"}
 
 
 def test_host_data_becomes_a_spec():

@@ -11,9 +11,12 @@ from gemmaserve.spec import parse_spec
 SEED05_AVAILABLE_GIB = 21.5
 SEED05_TOKENS = 93_936
 SEED05_CONCURRENCY = "6.96"
-SEED05_SPEC = {"model": "26b-a4b", "accelerator": {"kind": "a100-80gb", "count": 1},
-               "workload": {"max_model_len": 131072, "gpu_memory_utilization": 0.9, "enforce_eager": True},
-               "engine": {"vllm_version": "0.19.0"}}
+SEED05_SPEC = {
+    "model": "26b-a4b",
+    "accelerator": {"kind": "a100-80gb", "count": 1},
+    "workload": {"max_model_len": 131072, "gpu_memory_utilization": 0.9, "enforce_eager": True},
+    "engine": {"vllm_version": "0.19.0"},
+}
 
 
 def test_seed05_tokens_from_logged_available_memory():
@@ -46,12 +49,15 @@ def test_textbook_formula_disagrees_with_vllm():
     assert abs(textbook - SEED05_TOKENS) > 5000
 
 
-@pytest.mark.parametrize("alias, group_size, groups, kv_layers", [
-    ("e2b", 3, 5, 15),     # 35 layers, 20 KV-shared: 12 sliding + 3 full own KV (seed 03: 15 layers)
-    ("e4b", 4, 6, 24),     # 42 layers, 18 shared: 20 sliding + 4 full
-    ("31b", 10, 6, 60),    # 50 sliding + 10 full
-    ("26b-a4b", 5, 6, 30),  # 25 sliding + 5 full
-])
+@pytest.mark.parametrize(
+    "alias, group_size, groups, kv_layers",
+    [
+        ("e2b", 3, 5, 15),  # 35 layers, 20 KV-shared: 12 sliding + 3 full own KV (seed 03: 15 layers)
+        ("e4b", 4, 6, 24),  # 42 layers, 18 shared: 20 sliding + 4 full
+        ("31b", 10, 6, 60),  # 50 sliding + 10 full
+        ("26b-a4b", 5, 6, 30),  # 25 sliding + 5 full
+    ],
+)
 def test_hybrid_groups(alias, group_size, groups, kv_layers):
     model = CATALOG.model(alias)
     layout = kv_layout(model, 1, "auto", 16)

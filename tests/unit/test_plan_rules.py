@@ -25,13 +25,17 @@ def test_tp2_replicas_for_31b_on_pcie_host():
 
 
 def test_small_model_gets_one_device_per_replica_for_throughput():
-    result = planned({"model": "e2b", "accelerator": {"kind": "l4", "count": 8}, "workload": {"objective": "throughput"}})
+    result = planned(
+        {"model": "e2b", "accelerator": {"kind": "l4", "count": 8}, "workload": {"objective": "throughput"}}
+    )
     assert len(result.replicas) == 8 and result.replicas[0].tensor_parallel_size == 1
     assert flag(result.replicas[0].argv, "--max-num-seqs") == "256"
 
 
 def test_latency_objective_widens_tp():
-    result = planned({"model": "e4b", "accelerator": {"kind": "h100-80gb", "count": 8}, "workload": {"objective": "latency"}})
+    result = planned(
+        {"model": "e4b", "accelerator": {"kind": "h100-80gb", "count": 8}, "workload": {"objective": "latency"}}
+    )
     assert result.replicas[0].tensor_parallel_size == 4
     assert flag(result.replicas[0].argv, "--max-num-seqs") == "16"
 
@@ -51,8 +55,13 @@ def test_audio_kept_on_e2b():
 
 
 def test_audio_dropped_on_31b_with_warning():
-    result = planned({"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2},
-                      "workload": {"limit_mm_per_prompt": {"image": 4, "audio": 1}}})
+    result = planned(
+        {
+            "model": "31b",
+            "accelerator": {"kind": "h100-80gb", "count": 2},
+            "workload": {"limit_mm_per_prompt": {"image": 4, "audio": 1}},
+        }
+    )
     assert json.loads(flag(result.replicas[0].argv, "--limit-mm-per-prompt")) == {"image": 4, "audio": 0}
     assert any("audio=1 dropped" in w and "31B" in w for w in result.warnings)
 
@@ -87,14 +96,30 @@ def test_gemma4_parsers_and_tool_template():
 
 
 def test_mtp_uses_assistant_checkpoint():
-    argv = planned({"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2},
-                    "workload": {"speculative": {"method": "mtp", "num_tokens": 2}}}).replicas[0].argv
+    argv = (
+        planned(
+            {
+                "model": "31b",
+                "accelerator": {"kind": "h100-80gb", "count": 2},
+                "workload": {"speculative": {"method": "mtp", "num_tokens": 2}},
+            }
+        )
+        .replicas[0]
+        .argv
+    )
     assert json.loads(flag(argv, "--speculative-config")) == {
-        "method": "mtp", "model": "google/gemma-4-31B-it-assistant", "num_speculative_tokens": 2}
+        "method": "mtp",
+        "model": "google/gemma-4-31B-it-assistant",
+        "num_speculative_tokens": 2,
+    }
 
 
 def test_ngram_speculative_config():
-    argv = planned({"model": "e2b", "accelerator": {"kind": "l4"}, "workload": {"speculative": {"method": "ngram"}}}).replicas[0].argv
+    argv = (
+        planned({"model": "e2b", "accelerator": {"kind": "l4"}, "workload": {"speculative": {"method": "ngram"}}})
+        .replicas[0]
+        .argv
+    )
     assert json.loads(flag(argv, "--speculative-config")) == {"method": "ngram", "num_speculative_tokens": 3}
 
 
@@ -122,12 +147,16 @@ def test_gpu_and_cpu_compile_caches_on_shm(kind):
 
 
 def test_cuda_visible_devices_per_replica():
-    result = planned({"model": "e4b", "accelerator": {"kind": "h100-80gb", "count": 4}, "serving": {"tensor_parallel_size": 2}})
+    result = planned(
+        {"model": "e4b", "accelerator": {"kind": "h100-80gb", "count": 4}, "serving": {"tensor_parallel_size": 2}}
+    )
     assert [r.env["CUDA_VISIBLE_DEVICES"] for r in result.replicas] == ["0,1", "2,3"]
 
 
 def test_hip_visible_devices_on_amd():
-    result = planned({"model": "31b", "accelerator": {"kind": "mi300x", "count": 8}, "serving": {"tensor_parallel_size": 1}})
+    result = planned(
+        {"model": "31b", "accelerator": {"kind": "mi300x", "count": 8}, "serving": {"tensor_parallel_size": 1}}
+    )
     assert [r.env["HIP_VISIBLE_DEVICES"] for r in result.replicas] == [str(i) for i in range(8)]
     assert "CUDA_VISIBLE_DEVICES" not in result.replicas[0].env
 
@@ -160,7 +189,9 @@ def test_cpu_thread_binding_reaches_the_environment_and_auto_on_many_replicas_wa
     auto = planned({"model": "tiny", "accelerator": {"kind": "cpu", "count": 2}})
     assert "VLLM_CPU_OMP_THREADS_BIND" not in auto.replicas[0].env
     assert any("cpu_threads_bind=auto" in w for w in auto.warnings)
-    pinned = planned({"model": "tiny", "accelerator": {"kind": "cpu", "count": 2}, "workload": {"cpu_threads_bind": "nobind"}})
+    pinned = planned(
+        {"model": "tiny", "accelerator": {"kind": "cpu", "count": 2}, "workload": {"cpu_threads_bind": "nobind"}}
+    )
     assert [r.env["VLLM_CPU_OMP_THREADS_BIND"] for r in pinned.replicas] == ["nobind", "nobind"]
     assert not any("cpu_threads_bind" in w for w in pinned.warnings)
     single = planned({"model": "tiny", "accelerator": {"kind": "cpu"}})
@@ -168,8 +199,17 @@ def test_cpu_thread_binding_reaches_the_environment_and_auto_on_many_replicas_wa
 
 
 def test_vision_budget_above_default_resizes_tower():
-    argv = planned({"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2},
-                    "workload": {"vision_token_budget": 1120}}).replicas[0].argv
+    argv = (
+        planned(
+            {
+                "model": "31b",
+                "accelerator": {"kind": "h100-80gb", "count": 2},
+                "workload": {"vision_token_budget": 1120},
+            }
+        )
+        .replicas[0]
+        .argv
+    )
     assert json.loads(flag(argv, "--mm-processor-kwargs")) == {"max_soft_tokens": 1120}
     assert json.loads(flag(argv, "--hf-overrides"))["vision_config"]["default_output_length"] == 1120
 
@@ -192,8 +232,14 @@ def test_cache_key_ignores_port_and_bind():
 
 
 def test_refuses_when_one_request_does_not_fit_with_concrete_fixes():
-    result = planned({"model": "31b", "accelerator": {"kind": "rtx-pro-6000", "count": 1},
-                      "workload": {"max_model_len": 262144}, "serving": {"tensor_parallel_size": 1}})
+    result = planned(
+        {
+            "model": "31b",
+            "accelerator": {"kind": "rtx-pro-6000", "count": 1},
+            "workload": {"max_model_len": 262144},
+            "serving": {"tensor_parallel_size": 1},
+        }
+    )
     assert not result.ok and result.replicas == []
     (reason,) = result.refusals
     assert "262144" in reason
@@ -217,6 +263,7 @@ def test_suggested_max_model_len_really_fits():
 
 def test_require_ok_raises_refusal():
     from gemmaserve.plan import PlanRefused
+
     with pytest.raises(PlanRefused):
         planned({"model": "31b", "accelerator": {"kind": "l4"}}).require_ok()
 
@@ -234,16 +281,19 @@ def test_every_pair_plans_or_refuses_with_a_reason(model, kind, count):
         assert "Fixes:" in result.refusals[0]
 
 
-@pytest.mark.parametrize("model, kind, count, fits", [
-    ("e2b", "l4", 1, True),
-    ("31b", "l4", 1, False),
-    ("31b", "a100-80gb", 1, True),       # seed 01: 1x 80 GB minimum
-    ("26b-a4b", "a100-80gb", 1, True),   # seed 05
-    ("31b", "tpu-v6e", 1, False),        # seed 01: 4x Trillium minimum
-    ("31b", "tpu-v6e", 4, True),
-    ("26b-a4b", "tpu-v6e", 4, True),     # seed 04
-    ("31b", "mi300x", 1, True),          # seed 01: 1x MI300X for every model
-])
+@pytest.mark.parametrize(
+    "model, kind, count, fits",
+    [
+        ("e2b", "l4", 1, True),
+        ("31b", "l4", 1, False),
+        ("31b", "a100-80gb", 1, True),  # seed 01: 1x 80 GB minimum
+        ("26b-a4b", "a100-80gb", 1, True),  # seed 05
+        ("31b", "tpu-v6e", 1, False),  # seed 01: 4x Trillium minimum
+        ("31b", "tpu-v6e", 4, True),
+        ("26b-a4b", "tpu-v6e", 4, True),  # seed 04
+        ("31b", "mi300x", 1, True),  # seed 01: 1x MI300X for every model
+    ],
+)
 def test_minimum_hardware_matches_seed01(model, kind, count, fits):
     assert planned({"model": model, "accelerator": {"kind": kind, "count": count}}).ok is fits
 

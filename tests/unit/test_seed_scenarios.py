@@ -18,8 +18,13 @@ SEED02_BASELINE = """CUDA_VISIBLE_DEVICES=0,1 vllm serve google/gemma-4-31B-it \
   --limit-mm-per-prompt '{"image": 4, "audio": 0}' --async-scheduling --host 0.0.0.0 --port 8000"""
 
 SEED02_SPEC = {
-    "model": "31b", "accelerator": {"kind": "rtx-pro-6000", "count": 2},
-    "workload": {"max_model_len": 32768, "gpu_memory_utilization": 0.90, "limit_mm_per_prompt": {"image": 4, "audio": 0}},
+    "model": "31b",
+    "accelerator": {"kind": "rtx-pro-6000", "count": 2},
+    "workload": {
+        "max_model_len": 32768,
+        "gpu_memory_utilization": 0.90,
+        "limit_mm_per_prompt": {"image": 4, "audio": 0},
+    },
     "serving": {"bind_address": "0.0.0.0"},
 }
 
@@ -33,12 +38,18 @@ def _only(spec_data, **kwargs):
 def test_seed02_baseline_two_gpu_server():
     result = _only(SEED02_SPEC)
     (replica,) = result.replicas
-    assert serve_flags(replica.argv) == (serve_flags(SEED02_BASELINE)[0], {**serve_flags(SEED02_BASELINE)[1], **TEMPLATE})
+    assert serve_flags(replica.argv) == (
+        serve_flags(SEED02_BASELINE)[0],
+        {**serve_flags(SEED02_BASELINE)[1], **TEMPLATE},
+    )
     assert replica.env["CUDA_VISIBLE_DEVICES"] == env_of(SEED02_BASELINE)["CUDA_VISIBLE_DEVICES"]
 
 
 def test_seed02_mtp_server():
-    seed = SEED02_BASELINE + """ --speculative-config '{"method": "mtp", "model": "google/gemma-4-31B-it-assistant", "num_speculative_tokens": 4}'"""
+    seed = (
+        SEED02_BASELINE
+        + """ --speculative-config '{"method": "mtp", "model": "google/gemma-4-31B-it-assistant", "num_speculative_tokens": 4}'"""
+    )
     data = {**SEED02_SPEC, "workload": {**SEED02_SPEC["workload"], "speculative": {"method": "mtp", "num_tokens": 4}}}
     (replica,) = _only(data).replicas
     assert serve_flags(replica.argv) == (serve_flags(seed)[0], {**serve_flags(seed)[1], **TEMPLATE})
@@ -55,7 +66,7 @@ def test_seed02_four_tp2_replicas_on_eight_gpus():
     data = {**SEED02_SPEC, "accelerator": {"kind": "rtx-pro-6000", "count": 8}}
     result = _only(data)
     assert len(result.replicas) == 4
-    for replica, line in zip(result.replicas, seed_lines):
+    for replica, line in zip(result.replicas, seed_lines, strict=True):
         model, flags = serve_flags(line)
         ours_model, ours = serve_flags(replica.argv)
         assert ours_model == model
@@ -70,15 +81,27 @@ SEED04_INNER = """vllm serve google/gemma-4-26B-A4B-it \
   --speculative-config '{"method": "ngram", "num_speculative_tokens": 3}' --enable-prefix-caching \
   --disable_chunked_mm_input --safetensors-load-strategy prefetch --limit-mm-per-prompt '{"image":4,"audio":1}' \
   --enable-auto-tool-choice --tool-call-parser gemma4 --reasoning-parser gemma4 --trust-remote-code"""
-SEED04_ENV = {"HF_HOME": "/dev/shm", "HF_TOKEN": "$(gcloud secrets versions access latest --secret=hf-token)",
-              "VLLM_TPU_BUCKET_PADDING_GAP": "512", "VLLM_XLA_CACHE_PATH": "/dev/shm/vllm_cache"}
+SEED04_ENV = {
+    "HF_HOME": "/dev/shm",
+    "HF_TOKEN": "$(gcloud secrets versions access latest --secret=hf-token)",
+    "VLLM_TPU_BUCKET_PADDING_GAP": "512",
+    "VLLM_XLA_CACHE_PATH": "/dev/shm/vllm_cache",
+}
 SEED04_SPEC = {
-    "model": "26b-a4b", "accelerator": {"kind": "tpu-v6e", "count": 4},
+    "model": "26b-a4b",
+    "accelerator": {"kind": "tpu-v6e", "count": 4},
     "workload": {
-        "max_model_len": 16384, "dtype": "bfloat16", "kv_cache_dtype": "fp8", "gpu_memory_utilization": 0.90,
-        "block_size": 32, "max_num_seqs": 256, "max_num_batched_tokens": 4096,
-        "speculative": {"method": "ngram", "num_tokens": 3}, "enable_prefix_caching": True,
-        "limit_mm_per_prompt": {"image": 4, "audio": 1}, "extra_args": ["--safetensors-load-strategy", "prefetch"],
+        "max_model_len": 16384,
+        "dtype": "bfloat16",
+        "kv_cache_dtype": "fp8",
+        "gpu_memory_utilization": 0.90,
+        "block_size": 32,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 4096,
+        "speculative": {"method": "ngram", "num_tokens": 3},
+        "enable_prefix_caching": True,
+        "limit_mm_per_prompt": {"image": 4, "audio": 1},
+        "extra_args": ["--safetensors-load-strategy", "prefetch"],
     },
     "engine": {"kind": "container", "image": "vllm/vllm-tpu:v0.32.0"},
     "secret": {"secret_manager": "hf-token"},
@@ -123,9 +146,16 @@ SEED03_E2B = """python3 -m vllm.entrypoints.openai.api_server --model google/gem
 
 
 def test_seed03_e2b_on_v6e4():
-    data = {"model": "e2b", "accelerator": {"kind": "tpu-v6e", "count": 4},
-            "workload": {"max_model_len": 16384, "max_num_batched_tokens": 4096, "kv_cache_dtype": "fp8",
-                         "limit_mm_per_prompt": {"image": 4, "audio": 1}}}
+    data = {
+        "model": "e2b",
+        "accelerator": {"kind": "tpu-v6e", "count": 4},
+        "workload": {
+            "max_model_len": 16384,
+            "max_num_batched_tokens": 4096,
+            "kv_cache_dtype": "fp8",
+            "limit_mm_per_prompt": {"image": 4, "audio": 1},
+        },
+    }
     result = _only(data)
     (replica,) = result.replicas
     model, expected = serve_flags(SEED03_E2B)
@@ -142,9 +172,17 @@ SEED01_BENCHMARK = """vllm serve google/gemma-4-31B-it --tensor-parallel-size 2 
 
 
 def test_seed01_benchmark_server():
-    data = {"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2},
-            "workload": {"max_model_len": 32768, "text_only": True, "enable_prefix_caching": False,
-                         "tool_calling": False, "reasoning": False}}
+    data = {
+        "model": "31b",
+        "accelerator": {"kind": "h100-80gb", "count": 2},
+        "workload": {
+            "max_model_len": 32768,
+            "text_only": True,
+            "enable_prefix_caching": False,
+            "tool_calling": False,
+            "reasoning": False,
+        },
+    }
     (replica,) = _only(data).replicas
     model, expected = serve_flags(SEED01_BENCHMARK)
     expected.update({"--gpu-memory-utilization": 0.90, "--host": "127.0.0.1", "--port": 8000})
@@ -158,9 +196,12 @@ SEED01_FULL = """vllm serve google/gemma-4-31B-it --tensor-parallel-size 2 --max
 
 
 def test_seed01_full_featured_server():
-    data = {"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2},
-            "workload": {"max_model_len": 16384, "limit_mm_per_prompt": {"image": 4, "audio": 1}},
-            "serving": {"bind_address": "0.0.0.0"}}
+    data = {
+        "model": "31b",
+        "accelerator": {"kind": "h100-80gb", "count": 2},
+        "workload": {"max_model_len": 16384, "limit_mm_per_prompt": {"image": 4, "audio": 1}},
+        "serving": {"bind_address": "0.0.0.0"},
+    }
     result = _only(data)
     (replica,) = result.replicas
     model, expected = serve_flags(SEED01_FULL)
@@ -178,8 +219,12 @@ SEED05 = """vllm serve google/gemma-4-26B-A4B --port 10000 --max-model-len 13107
 
 
 def test_seed05_a100_server():
-    data = {"model": "26b-a4b", "accelerator": {"kind": "a100-80gb", "count": 1},
-            "workload": {"max_model_len": 131072, "enforce_eager": True}, "serving": {"base_port": 10000, "router_port": 9000}}
+    data = {
+        "model": "26b-a4b",
+        "accelerator": {"kind": "a100-80gb", "count": 1},
+        "workload": {"max_model_len": 131072, "enforce_eager": True},
+        "serving": {"base_port": 10000, "router_port": 9000},
+    }
     (replica,) = _only(data).replicas
     model, expected = serve_flags(SEED05)
     # The seed serves the base checkpoint; we serve the instruction-tuned one our catalog names.
@@ -187,6 +232,12 @@ def test_seed05_a100_server():
     # --enable-chunked-prefill is vLLM v1's default; async scheduling is our seed-01 rule.
     del expected["--enable-chunked-prefill"]
     expected.update(TEMPLATE)
-    expected.update({"--tensor-parallel-size": 1, "--limit-mm-per-prompt": {"image": 4, "audio": 0},
-                     "--async-scheduling": True, "--host": "127.0.0.1"})
+    expected.update(
+        {
+            "--tensor-parallel-size": 1,
+            "--limit-mm-per-prompt": {"image": 4, "audio": 0},
+            "--async-scheduling": True,
+            "--host": "127.0.0.1",
+        }
+    )
     assert serve_flags(replica.argv)[1] == expected

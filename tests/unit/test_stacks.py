@@ -22,13 +22,16 @@ def test_stack_plans(stack):
     assert result.ok, result.refusals
 
 
-@pytest.mark.parametrize("stack, model, accelerator, replicas, tp", [
-    ("tpu-v6e4", "google/gemma-4-26B-A4B-it", "tpu-v6e", 1, 4),
-    ("tpu-v6e1", "google/gemma-4-E2B-it", "tpu-v6e", 1, 1),
-    ("gpu8", "google/gemma-4-31B-it", "rtx-pro-6000", 4, 2),
-    ("a100", "google/gemma-4-26B-A4B-it", "a100-80gb", 1, 1),
-    ("h100", "google/gemma-4-31B-it", "h100-80gb", 4, 2),
-])
+@pytest.mark.parametrize(
+    "stack, model, accelerator, replicas, tp",
+    [
+        ("tpu-v6e4", "google/gemma-4-26B-A4B-it", "tpu-v6e", 1, 4),
+        ("tpu-v6e1", "google/gemma-4-E2B-it", "tpu-v6e", 1, 1),
+        ("gpu8", "google/gemma-4-31B-it", "rtx-pro-6000", 4, 2),
+        ("a100", "google/gemma-4-26B-A4B-it", "a100-80gb", 1, 1),
+        ("h100", "google/gemma-4-31B-it", "h100-80gb", 4, 2),
+    ],
+)
 def test_stack_shapes(stack, model, accelerator, replicas, tp):
     result = plan(load_stack_spec(stack, ROOT))
     assert (result.model.hf_id, result.accelerator.name) == (model, accelerator)
@@ -51,7 +54,8 @@ def test_unknown_namespace_key_is_refused(tmp_path):
 def test_bad_stack_value_names_the_file_and_field(tmp_path):
     (tmp_path / "Pulumi.x.yaml").write_text(
         "config:\n  gemmaserve:model: 31b\n  gemmaserve:accelerator: {kind: rtx-pro-6000, count: 8}\n"
-        "  gemmaserve:workload: {gpu_memory_utilization: 1.2}\n")
+        "  gemmaserve:workload: {gpu_memory_utilization: 1.2}\n"
+    )
     with pytest.raises(SpecError) as caught:
         load_stack_spec("x", tmp_path)
     assert "Pulumi.x.yaml" in str(caught.value)
@@ -60,5 +64,6 @@ def test_bad_stack_value_names_the_file_and_field(tmp_path):
 
 def test_other_namespaces_are_ignored(tmp_path):
     (tmp_path / "Pulumi.x.yaml").write_text(
-        "config:\n  gcp:project: p\n  gemmaserve:model: e2b\n  gemmaserve:accelerator: {kind: l4}\n")
+        "config:\n  gcp:project: p\n  gemmaserve:model: e2b\n  gemmaserve:accelerator: {kind: l4}\n"
+    )
     assert load_stack_spec("x", tmp_path).model == "google/gemma-4-E2B-it"

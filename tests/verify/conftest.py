@@ -13,8 +13,10 @@ from gemmaserve.status import _connection, inventory_hosts
 
 
 def _hosts(config):
-    return [(name, data, plan(spec_from_host_data(data, name)).require_ok())
-            for name, data in inventory_hosts(config.getoption("--inventory"))]
+    return [
+        (name, data, plan(spec_from_host_data(data, name)).require_ok())
+        for name, data in inventory_hosts(config.getoption("--inventory"))
+    ]
 
 
 def pytest_generate_tests(metafunc) -> None:
@@ -26,7 +28,9 @@ def pytest_generate_tests(metafunc) -> None:
         raise pytest.UsageError(f"{metafunc.config.getoption('--inventory')}: the inventory has no hosts")
     if "replica" in metafunc.fixturenames:
         cases = [((name, data, serving), r) for name, data, serving in hosts for r in serving.replicas]
-        metafunc.parametrize("target,replica", cases, ids=[f"{c[0][0]}-replica{c[1].index}" for c in cases], indirect=["target"])
+        metafunc.parametrize(
+            "target,replica", cases, ids=[f"{c[0][0]}-replica{c[1].index}" for c in cases], indirect=["target"]
+        )
     else:
         metafunc.parametrize("target", hosts, ids=[h[0] for h in hosts], indirect=True)
 

@@ -1,7 +1,7 @@
 """Is this host serving what its plan says? One fact per test; expectations from the plan.
 
-    gemmaserve verify --inventory hosts/gpu8.py
-    pytest tests/verify --inventory hosts/sandbox.py
+gemmaserve verify --inventory hosts/gpu8.py
+pytest tests/verify --inventory hosts/sandbox.py
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ def test_accelerator_visible(target):
         version = target.host.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()[0]
         assert version.split(".")[0] == str(target.data.get("nvidia_driver_branch", 580)), version
     elif acc.vendor == "amd":
-        found = len(re.findall(r"^GPU\[\d+\]", target.host.run("rocm-smi --showid").stdout, re.M)) or \
-            len(target.host.run("ls -d /sys/class/kfd/kfd/topology/nodes/*/gpu_id").stdout.split())
+        found = len(re.findall(r"^GPU\[\d+\]", target.host.run("rocm-smi --showid").stdout, re.M)) or len(
+            target.host.run("ls -d /sys/class/kfd/kfd/topology/nodes/*/gpu_id").stdout.split()
+        )
     elif acc.vendor == "google":
         found = len(target.host.run("ls /dev/accel* /dev/vfio/[0-9]* 2>/dev/null").stdout.split())
     else:
@@ -67,7 +68,7 @@ def test_haproxy_backend_up(target, replica):
 def test_replica_runs_the_planned_argv(target, replica):
     pid = target.host.run(f"systemctl show -p MainPID --value vllm@{replica.index}").stdout.strip()
     cmdline = target.host.file(f"/proc/{pid}/cmdline").content_string.split("\0")
-    assert replica.argv[2:] == cmdline[cmdline.index("serve") + 1:][: len(replica.argv) - 2]
+    assert replica.argv[2:] == cmdline[cmdline.index("serve") + 1 :][: len(replica.argv) - 2]
 
 
 # --- the endpoint, through the host's load balancer -----------------------------------------------
@@ -89,17 +90,25 @@ def test_chat_completion(target):
 
 
 def test_json_schema_output_validates(target):
-    payload = {"model": target.plan.model.hf_id, "max_tokens": 400, "temperature": 0,
-               "messages": [{"role": "user", "content": "Weather in Paris as JSON."}],
-               "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}}}
+    payload = {
+        "model": target.plan.model.hf_id,
+        "max_tokens": 400,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Weather in Paris as JSON."}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}},
+    }
     code, body = target.curl("/v1/chat/completions", json.dumps(payload))
     assert code == 200
     assert schema_problems(json.loads(json.loads(body)["choices"][0]["message"]["content"])) == []
 
 
 def test_tools_request_accepted(target):
-    payload = {"model": target.plan.model.hf_id, "max_tokens": 16, "tools": [WEATHER_TOOL],
-               "messages": [{"role": "user", "content": "Weather in Tokyo?"}]}
+    payload = {
+        "model": target.plan.model.hf_id,
+        "max_tokens": 16,
+        "tools": [WEATHER_TOOL],
+        "messages": [{"role": "user", "content": "Weather in Tokyo?"}],
+    }
     assert target.curl("/v1/chat/completions", json.dumps(payload))[0] == 200
 
 

@@ -72,7 +72,7 @@ def argcheck_run(vllm_python: Path) -> tuple[int, dict[str, dict]]:
     )
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(results) == len(names), proc.stdout + proc.stderr
-    return proc.returncode, dict(zip(names, results))
+    return proc.returncode, dict(zip(names, results, strict=True))
 
 
 @pytest.mark.parametrize("case", list(ARGCHECK_CASES))
