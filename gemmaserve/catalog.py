@@ -35,12 +35,18 @@ class ModelInfo:
     num_kv_shared_layers: int
     attention_k_eq_v: bool
     max_context: int
-    weights_gib: float
+    # Bytes of the published checkpoint (every tensor, towers included): what vLLM loads.
+    checkpoint_bytes: int
     hidden_size: int
     vocab_size: int
     modalities: frozenset[str]
     total_params_b: float
     mtp_assistant: str | None = None
+    mtp_assistant_bytes: int = 0
+    # The vision tower (and its embedder) of `checkpoint_bytes`: vLLM builds it with transformers'
+    # AutoModel (gemma4_mm.py), so every tensor-parallel rank holds all of it. It is skipped when image
+    # and video are both limited to 0 (_mark_tower_model). 0 where the split is not known.
+    vision_tower_bytes: int = 0
     num_experts: int | None = None
     experts_per_token: int | None = None
     # Test models are built locally (`gemmaserve tiny-model`) and served from a directory.
@@ -55,6 +61,10 @@ class ModelInfo:
     def kv_layer_kinds(self) -> tuple[AttentionKind, ...]:
         """Kinds of the layers that own a KV cache (shared layers are skipped by vLLM)."""
         return self.layer_kinds[: self.num_layers - self.num_kv_shared_layers]
+
+    @property
+    def weights_gib(self) -> float:
+        return self.checkpoint_bytes / GiB
 
     def shape(self, kind: AttentionKind) -> AttentionShape:
         return self.sliding if kind == "sliding" else self.full
@@ -81,13 +91,26 @@ class ModelInfo:
 # - vLLM allocates K *and* V for attention_k_eq_v layers (gemma4.py loads K weights into both slots),
 #   so the flag does not halve the page size; seed 05's "6.96x" only reproduces with both stored.
 # - Max context: model cards (128K for E2B/E4B, 256K for 31B/26B-A4B).
-# - Weights: 26B-A4B measured as 48.5 GiB on one A100 (seed 05, "Model loading took 48.5 GiB").
-#   Others are bf16 parameter counts from the model cards x 2 bytes: 31B 30.7B (seed 02: "dense
-#   30.7B-parameter model"), E2B 5.1B and E4B 8B with embeddings (seed 03 reports ~9.54 GiB for E2B
-#   on TPU, i.e. 5.1B x 2 bytes).
+# - Checkpoint bytes (hubs are unreachable here; every value is quoted by public sources, none measured):
+#   31B: model.safetensors.index.json metadata.total_size 62,546,177,752 (google/gemma-4-31B-it at
+#     revision 842da3794eaa0b77d5f08bae87a17459d91ff475, quoted by public checkpoint tooling on GitHub);
+#     = 2 bytes x 31,273,088,876 BF16 parameters, the Hub API's safetensors summary.
+#   26B-A4B: metadata.total_size 51,611,872,412 (google/gemma-4-26B-A4B-it; a public write-up sums the
+#     two shard headers at revision 4d7ae49 to the same bytes) = 2 x 25,805,936,206 BF16 parameters.
+#     A real vLLM 0.19 server on one A100 logged "Model loading took 48.5 GiB" for it (48.07 GiB of
+#     checkpoint plus buffers vLLM allocates while loading; RUNTIME_BASE_GIB counts those).
+#   E2B, E4B: single-file checkpoints (model.safetensors, no index, so no metadata.total_size is
+#     published). Bytes are 2 x the Hub API's BF16 parameter counts, 5,123,178,051 and 7,996,156,490:
+#     10,246,356,102 and 15,992,312,980. E4B's file is quoted at 15,992,595,884 bytes (the tensors plus
+#     a 282,904-byte header); E2B's tensor bytes, 10,246,356,102, are quoted as such.
+# - Vision towers of 31B/26B-A4B: 27 layers, hidden 1152, intermediate 4304, a [2, 10240, 1152] position
+#   table (the published vision_config), plus embed_vision's [text hidden, 1152] projection: 575,743,536
+#   and 572,794,416 BF16 parameters (the latter matches the public per-tensor sum for 26B-A4B). E2B/E4B's
+#   towers are not split out (no public per-tensor sums found): they count with the sharded weights.
 # - Modalities: seed 01 ("smaller gemma4-E2B and gemma-4-E4B also support audio"), seed 02 ("audio
 #   support belongs to the smaller E2B and E4B models").
-# - MTP assistant: seed 02 (google/gemma-4-31B-it-assistant).
+# - MTP assistant: seed 02 (google/gemma-4-31B-it-assistant); its size is the Hub's "470M" parameters for
+#   the QAT release of the same assistant (google/gemma-4-31B-it-qat-q4_0-unquantized-assistant), BF16.
 MODELS: tuple[ModelInfo, ...] = (
     ModelInfo(
         hf_id="google/gemma-4-E2B-it",
@@ -100,7 +123,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_kv_shared_layers=20,
         attention_k_eq_v=False,
         max_context=131072,
-        weights_gib=round(5.1e9 * 2 / GiB, 2),
+        checkpoint_bytes=10_246_356_102,
         hidden_size=1536,
         vocab_size=262144,
         modalities=frozenset({"text", "image", "audio", "video"}),
@@ -117,7 +140,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_kv_shared_layers=18,
         attention_k_eq_v=False,
         max_context=131072,
-        weights_gib=round(8.0e9 * 2 / GiB, 2),
+        checkpoint_bytes=15_992_312_980,
         hidden_size=2560,
         vocab_size=262144,
         modalities=frozenset({"text", "image", "audio", "video"}),
@@ -134,12 +157,14 @@ MODELS: tuple[ModelInfo, ...] = (
         num_kv_shared_layers=0,
         attention_k_eq_v=True,
         max_context=262144,
-        weights_gib=round(30.7e9 * 2 / GiB, 2),
+        checkpoint_bytes=62_546_177_752,
         hidden_size=5376,
         vocab_size=262144,
         modalities=frozenset({"text", "image", "video"}),
         total_params_b=30.7,
         mtp_assistant="google/gemma-4-31B-it-assistant",
+        mtp_assistant_bytes=470_000_000 * 2,
+        vision_tower_bytes=575_743_536 * 2,
     ),
     ModelInfo(
         hf_id="google/gemma-4-26B-A4B-it",
@@ -152,13 +177,14 @@ MODELS: tuple[ModelInfo, ...] = (
         num_kv_shared_layers=0,
         attention_k_eq_v=True,
         max_context=262144,
-        weights_gib=48.5,
+        checkpoint_bytes=51_611_872_412,
         hidden_size=2816,
         vocab_size=262144,
         modalities=frozenset({"text", "image", "video"}),
         total_params_b=25.2,
         num_experts=128,
         experts_per_token=8,
+        vision_tower_bytes=572_794_416 * 2,
     ),
     # A randomly initialised ~300k-parameter checkpoint built by `gemmaserve tiny-model` for the
     # sandbox and tests. Its shapes are those gemmaserve.tiny_model writes; it is not a real model.
@@ -173,7 +199,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_kv_shared_layers=0,
         attention_k_eq_v=False,
         max_context=4096,
-        weights_gib=0.001,
+        checkpoint_bytes=GiB // 1000,
         hidden_size=64,
         vocab_size=573,
         modalities=frozenset({"text", "image"}),

@@ -150,6 +150,12 @@ def _print_plan(result) -> None:
     if result.replicas:
         console.print(table)
         first = result.replicas[0]
+        c = first.capacity
+        console.print(
+            f"KV cache as {c.accounting}; block size {c.block_size}, max_num_batched_tokens {c.max_num_batched_tokens}",
+            markup=False,
+            highlight=False,
+        )
         console.print("[bold]replica 0 command[/bold] (others differ only in devices and port):")
         devices = [f"{k}={v}" for k, v in first.env.items() if k.endswith("VISIBLE_DEVICES")]
         console.print(" ".join(devices + [shlex.join(first.argv)]), soft_wrap=True, markup=False, highlight=False)

@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gemmaserve.catalog import Accelerator, GiB, ModelInfo
 from gemmaserve.kv_cache import (
+    CUDAGRAPH_GIB,
     DEFAULT_BLOCK_SIZE,
     KvCapacity,
     kv_capacity,
     kv_layout,
-    min_bytes_for_one_request,
     runtime_overhead_gib,
+    tpu_block_size,
+    tpu_kv_layout,
 )
-from gemmaserve.spec import Spec, version_tuple
+from gemmaserve.spec import Spec
+from gemmaserve.vllm_releases import VllmRelease, vllm_release
 
 # Where the vllm role installs vLLM's Gemma 4 tool chat template (examples/tool_chat_template_gemma4.jinja).
 CHAT_TEMPLATE_PATH = "/etc/gemmaserve/tool_chat_template_gemma4.jinja"
@@ -40,8 +43,17 @@ TPU_MAX_NUM_BATCHED_TOKENS = 4096
 WEIGHTS_HEADROOM_FRACTION = 0.5
 # Objective -> (TP floor, max_num_seqs), from seed 01's throughput/latency tuning table.
 OBJECTIVES = {"throughput": (1, 256), "balanced": (2, 128), "latency": (4, 16)}
-# The MTP assistant's weights per device (small next-token heads; an estimate, not measured).
-MTP_ASSISTANT_GIB = 1.0
+# Gemma 4's largest multimodal item in tokens, the floor vLLM >= 0.22 raises a default
+# max_num_batched_tokens to (EngineArgs._get_min_mm_batched_tokens over Gemma4ProcessingInfo's
+# get_mm_max_tokens_per_item): a video of _VIDEO_MAX_FRAMES 32 frames x (70 soft tokens + 2 + 6).
+GEMMA4_MAX_VIDEO_ITEM_TOKENS = 32 * (70 + 2 + 6)
+# Images: vision_config.default_output_length, 280 unless --mm-processor-kwargs max_soft_tokens is set.
+GEMMA4_DEFAULT_IMAGE_TOKENS = 280
+# HBM a TPU chip uses beyond its share of the weights when tpu-inference measures what is left for the
+# KV cache (XLA runtime and compiled programs). Calibrated on one real server (E2B on a v6e-4, fp8 KV,
+# utilization 0.4, 18,523 16-token blocks): 4 x 31.25 x 0.4 GiB - 18,523 x 1,179,648 B of KV - 9.54 GiB
+# of weights leaves 5.027 GiB per chip. One data point; see the README.
+TPU_RUNTIME_GIB = 5.0267
 
 
 # Where gemmaserve-hf-token.service writes the token fetched from Secret Manager (tmpfs, 0400).
@@ -85,6 +97,10 @@ class Capacity:
     max_concurrency: float
     # True when available_kv_cache_gib came from the hardware model, False when given explicitly.
     estimated: bool
+    # Whose accounting produced the numbers (gemmaserve.vllm_releases), for `gemmaserve plan`.
+    accounting: str = ""
+    block_size: int = 0
+    max_num_batched_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,8 @@ class Plan:
                     "kv_cache_tokens": r.capacity.kv_cache_tokens,
                     "max_concurrency": round(r.capacity.max_concurrency, 2),
                     "available_kv_cache_gib": round(r.capacity.available_kv_cache_gib, 2),
+                    "num_blocks": r.capacity.num_blocks,
+                    "kv_cache_accounting": r.capacity.accounting,
                 }
                 for r in self.replicas
             ],
@@ -171,9 +189,13 @@ class _Sizing:
     capacity: KvCapacity
     fits: bool
     reason: str = ""
+    block: int = 0
+    max_num_batched_tokens: int = 0
+    accounting: str = ""
 
 
 def _max_num_batched_tokens(spec: Spec) -> int:
+    """The value the plan passes (TPU, or the user's) or, on GPU, the accelerator's nominal default."""
     if spec.workload.max_num_batched_tokens:
         return spec.workload.max_num_batched_tokens
     if spec.accelerator_info.is_tpu:
@@ -194,39 +216,123 @@ def _block_size(spec: Spec) -> int:
     return spec.workload.block_size or DEFAULT_BLOCK_SIZE[spec.accelerator_info.vendor]
 
 
+def _release(spec: Spec) -> VllmRelease:
+    return vllm_release(spec.vllm_version, spec.accelerator_info.vendor)
+
+
+def _multimodal_on(spec: Spec) -> bool:
+    """Whether vLLM sees any modality enabled (the limits the plan passes; text_only turns all off)."""
+    return any(_limits(spec, []).values())
+
+
+def _engine_max_num_seqs(spec: Spec, release: VllmRelease) -> int:
+    """max_num_seqs as the engine resolves it (EngineArgs.get_batch_defaults when the plan passes none)."""
+    if (seqs := _max_num_seqs(spec)) is not None:
+        return seqs
+    acc = spec.accelerator_info
+    if acc.is_gpu and release.large_gpu_batch_defaults and acc.memory_gib >= 160:
+        return 1024
+    return acc.default_max_num_seqs
+
+
+def _engine_max_num_batched_tokens(spec: Spec, release: VllmRelease, max_model_len: int) -> int:
+    """max_num_batched_tokens as the engine resolves it (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args)."""
+    acc = spec.accelerator_info
+    if spec.workload.max_num_batched_tokens or acc.is_tpu:
+        return _max_num_batched_tokens(spec)
+    tokens = acc.default_max_num_batched_tokens
+    if acc.is_gpu and release.large_gpu_batch_defaults and acc.memory_gib >= 160:
+        tokens = 16384
+    if release.multimodal_batch_floor and _multimodal_on(spec):
+        # Gemma 4 is a multimodal prefix-LM: one item of its largest modality must fit in one batch.
+        image = spec.workload.vision_token_budget or GEMMA4_DEFAULT_IMAGE_TOKENS
+        tokens = max(tokens, GEMMA4_MAX_VIDEO_ITEM_TOKENS, image)
+    return min(tokens, _engine_max_num_seqs(spec, release) * max_model_len)
+
+
+def _kv_block_size(spec: Spec, release: VllmRelease, max_model_len: int) -> int:
+    if spec.workload.block_size:
+        return spec.workload.block_size
+    if spec.accelerator_info.is_tpu:
+        return tpu_block_size(max_model_len, _engine_max_num_seqs(spec, release))
+    return DEFAULT_BLOCK_SIZE[spec.accelerator_info.vendor]
+
+
+def _uses_async_scheduling(spec: Spec) -> bool:
+    """Whether the engine schedules asynchronously: vLLM turns it on by default on GPUs, off for ngram
+    drafting (config/vllm.py) and always off on CPU (platforms/cpu.py); TPU plans never pass it."""
+    return spec.accelerator_info.is_gpu and spec.workload.speculative.method != "ngram"
+
+
+def _weights_gib_per_device(spec: Spec, tp: int) -> float:
+    """Checkpoint bytes per rank: the text model splits over TP, the vision tower is whole on every GPU rank."""
+    model, wl = spec.model_info, spec.workload
+    assistant = model.mtp_assistant_bytes if wl.speculative.method == "mtp" else 0
+    if spec.accelerator_info.is_tpu:
+        # tpu-inference's JAX Gemma 4 shards its parameters (embeddings included) over the model axis.
+        return (model.checkpoint_bytes + assistant) / tp / GiB
+    limits = _limits(spec, [])
+    # vLLM skips a tower whose modalities are all limited to 0 (_mark_tower_model); a modality the plan
+    # does not limit keeps vLLM's default limit (999, MultiModalConfig.get_limit_per_prompt).
+    vision_on = limits.get("image", 999) > 0 or limits.get("video", 999) > 0
+    tower = model.vision_tower_bytes
+    text = model.checkpoint_bytes - tower
+    return ((text + assistant) / tp + (tower if vision_on else 0)) / GiB
+
+
+def _available_kv_gib(spec: Spec, tp: int, weights_gib: float, mnbt: int, release: VllmRelease) -> float:
+    """KV-cache memory per device from the hardware, as the release's worker measures it."""
+    model, acc, wl = spec.model_info, spec.accelerator_info, spec.workload
+    if acc.is_cpu:
+        return wl.cpu_kv_cache_gib
+    if acc.is_tpu:
+        # tpu_worker.determine_available_memory: (HBM limit x utilization - HBM in use) over the chips.
+        return acc.memory_gib * wl.gpu_memory_utilization - weights_gib - TPU_RUNTIME_GIB
+    seqs = _engine_max_num_seqs(spec, release)
+    available = acc.memory_gib * wl.gpu_memory_utilization - weights_gib - runtime_overhead_gib(model, mnbt, seqs)
+    if not wl.enforce_eager and release.cudagraph_memory_counted(acc.vendor):
+        available -= CUDAGRAPH_GIB
+    return available
+
+
 def _size(spec: Spec, tp: int, kv_dtype: str, max_model_len: int, available_kv_gib: float | None) -> _Sizing:
     model, acc, wl = spec.model_info, spec.accelerator_info, spec.workload
-    mnbt = _max_num_batched_tokens(spec)
-    layout = kv_layout(model, tp, kv_dtype, _block_size(spec))
-    weights = model.weights_gib / tp + (MTP_ASSISTANT_GIB if wl.speculative.method == "mtp" else 0.0)
+    release = _release(spec)
+    mnbt = _engine_max_num_batched_tokens(spec, release, max_model_len)
+    block = _kv_block_size(spec, release, max_model_len)
+    weights = _weights_gib_per_device(spec, tp)
     if available_kv_gib is not None:
         available = available_kv_gib
-    elif acc.is_cpu:
-        available = wl.cpu_kv_cache_gib
     else:
-        seqs = _max_num_seqs(spec) or acc.default_max_num_seqs
-        available = acc.memory_gib * wl.gpu_memory_utilization - weights - runtime_overhead_gib(model, mnbt, seqs)
-    capacity = kv_capacity(layout, max(0, int(available * GiB)), max_model_len, mnbt, version_tuple(spec.vllm_version))
-    need = min_bytes_for_one_request(layout, max_model_len, mnbt) / GiB
+        available = _available_kv_gib(spec, tp, weights, mnbt, release)
+    if acc.is_tpu:
+        # One worker sizes the KV cache of the whole slice: vLLM sees the pages of all chips together.
+        layout = tpu_kv_layout(model, tp, kv_dtype, block)
+        pool_bytes = int(available * GiB) * tp
+    else:
+        layout = kv_layout(model, tp, kv_dtype, block)
+        pool_bytes = int(available * GiB)
+    in_flight = release.in_flight_tokens(mnbt, _uses_async_scheduling(spec))
+    capacity = kv_capacity(layout, pool_bytes, max_model_len, in_flight, release)
+    sizing = _Sizing(
+        tp, weights, capacity, True, block=block, max_num_batched_tokens=mnbt, accounting=release.accounting
+    )
     if available <= 0:
-        return _Sizing(
-            tp,
-            weights,
-            capacity,
-            False,
-            f"weights {weights:.1f} GiB per device leave no KV-cache memory at TP{tp} "
+        return replace(
+            sizing,
+            fits=False,
+            reason=f"weights {weights:.1f} GiB per device leave no KV-cache memory at TP{tp} "
             f"({acc.memory_gib:.1f} GiB x {wl.gpu_memory_utilization})",
         )
-    if capacity.max_concurrency < 1:
-        return _Sizing(
-            tp,
-            weights,
-            capacity,
-            False,
-            f"one {max_model_len}-token request needs {need:.2f} GiB of KV cache per device at TP{tp}, "
+    if not capacity.fits:
+        need = capacity.needed_bytes / GiB / (tp if acc.is_tpu else 1)
+        return replace(
+            sizing,
+            fits=False,
+            reason=f"one {max_model_len}-token request needs {need:.2f} GiB of KV cache per device at TP{tp}, "
             f"only {available:.2f} GiB is available",
         )
-    return _Sizing(tp, weights, capacity, True)
+    return sizing
 
 
 def _tp_candidates(spec: Spec) -> list[int]:
@@ -482,11 +588,15 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     key = cache_key(spec, tp)
     capacity = Capacity(
         weights_gib_per_device=round(chosen.weights_gib, 2),
-        available_kv_cache_gib=chosen.capacity.available_gib,
+        # Per device; on TPU vLLM pools the whole slice, so the pool is divided back over the chips.
+        available_kv_cache_gib=chosen.capacity.available_gib / (tp if acc.is_tpu else 1),
         num_blocks=chosen.capacity.num_blocks,
         kv_cache_tokens=chosen.capacity.tokens,
         max_concurrency=chosen.capacity.max_concurrency,
         estimated=available_kv_gib is None,
+        accounting=chosen.accounting,
+        block_size=chosen.block,
+        max_num_batched_tokens=chosen.max_num_batched_tokens,
     )
     for index in range(replicas):
         devices = [] if acc.is_cpu else list(range(index * tp, (index + 1) * tp))

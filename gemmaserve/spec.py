@@ -9,6 +9,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gemmaserve.catalog import CATALOG, Accelerator, ModelInfo
+from gemmaserve.vllm_releases import UnknownRelease, vllm_release
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -311,6 +312,18 @@ class Spec(_Strict):
                 )
             if version_tuple(self.vllm_version) < MIN_VLLM_VERSION_MTP:
                 problems.append(("engine.vllm_version", self.vllm_version, "MTP needs vLLM >= 0.21.0 (seed 02)"))
+        if self.engine.vllm_version is not None:
+            try:
+                vllm_release(self.engine.vllm_version, acc.vendor)
+            except UnknownRelease as error:
+                problems.append(
+                    (
+                        "engine.vllm_version",
+                        self.engine.vllm_version,
+                        f"{error.package}'s KV-cache accounting at this release has not been checked against its "
+                        f"source, so capacity cannot be planned; allowed: {', '.join(error.allowed)}",
+                    )
+                )
         if wl.vision_token_budget is not None and "image" not in model.modalities:
             problems.append(("workload.vision_token_budget", wl.vision_token_budget, f"{model.hf_id} takes no images"))
         serving, count = self.serving, self.accelerator.count

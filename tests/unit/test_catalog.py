@@ -60,8 +60,29 @@ def test_only_31b_has_an_mtp_assistant():
     }
 
 
-def test_26b_weights_measured_in_seed05():
-    assert CATALOG.model("26b-a4b").weights_gib == 48.5
+@pytest.mark.parametrize(
+    "alias, total_size, bf16_parameters",
+    [
+        # metadata.total_size of the published safetensors index / the Hub API's BF16 parameter count
+        ("31b", 62_546_177_752, 31_273_088_876),
+        ("26b-a4b", 51_611_872_412, 25_805_936_206),
+        # single-file checkpoints (no index): 2 bytes x the Hub API's BF16 parameter count
+        ("e2b", 10_246_356_102, 5_123_178_051),
+        ("e4b", 15_992_312_980, 7_996_156_490),
+    ],
+)
+def test_checkpoint_bytes_are_the_published_bf16_tensors(alias, total_size, bf16_parameters):
+    assert CATALOG.model(alias).checkpoint_bytes == total_size == 2 * bf16_parameters
+
+
+def test_26b_checkpoint_is_below_what_vllm_0_19_reported_loading():
+    """A real vLLM 0.19 on one A100 logged "Model loading took 48.5 GiB": checkpoint plus load-time buffers."""
+    assert 48.0 < CATALOG.model("26b-a4b").weights_gib < 48.5
+
+
+def test_vision_towers_are_inside_the_checkpoint():
+    for model in CATALOG.models:
+        assert 0 <= model.vision_tower_bytes < model.checkpoint_bytes
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,8 @@ REPLICA_KEYS = {
     "kv_cache_tokens",
     "max_concurrency",
     "available_kv_cache_gib",
+    "num_blocks",
+    "kv_cache_accounting",
 }
 
 

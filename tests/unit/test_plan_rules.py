@@ -215,10 +215,11 @@ def test_vision_budget_above_default_resizes_tower():
 
 
 def test_cache_key_changes_with_graph_flags():
-    base = {"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2}}
+    # 8K context, so that TP1 fits an H100 too (at 32K vLLM 0.33's in-flight sliding reserve does not)
+    base = {"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2}, "workload": {"max_model_len": 8192}}
     keys = {
         planned(base).replicas[0].cache_key,
-        planned({**base, "workload": {"max_num_batched_tokens": 4096}}).replicas[0].cache_key,
+        planned({**base, "workload": {"max_model_len": 8192, "max_num_batched_tokens": 4096}}).replicas[0].cache_key,
         planned({**base, "engine": {"vllm_version": "0.32.0"}}).replicas[0].cache_key,
         planned({**base, "serving": {"tensor_parallel_size": 1}}).replicas[0].cache_key,
     }
