@@ -24,19 +24,6 @@ STOP_TIMEOUT_S = 30
 
 
 @pytest.fixture(scope="session")
-def vllm_python() -> Path:
-    """The vLLM CPU venv, built on first use (about 2 minutes, then cached under /opt/gemmaserve)."""
-    if not vllm_cpu.is_built():
-        if os.geteuid() != 0:
-            reason = f"building the vLLM CPU venv {vllm_cpu.venv_path()} needs root"
-            if os.environ.get("CI") == "true":
-                pytest.fail(reason)
-            pytest.skip(reason)
-        vllm_cpu.build_vllm_cpu_venv()
-    return vllm_cpu.venv_python()
-
-
-@pytest.fixture(scope="session")
 def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-gemma4"))
 
