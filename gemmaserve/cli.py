@@ -152,7 +152,8 @@ def _print_plan(result) -> None:
         first = result.replicas[0]
         c = first.capacity
         console.print(
-            f"KV cache as {c.accounting}; block size {c.block_size}, max_num_batched_tokens {c.max_num_batched_tokens}",
+            f"KV cache counted as {c.accounting} (block size {c.block_size}, "
+            f"max_num_batched_tokens {c.max_num_batched_tokens})",
             markup=False,
             highlight=False,
         )

@@ -114,8 +114,24 @@ class KvCapacity:
         return self.available_bytes / GiB
 
 
-def kv_layout(model: ModelInfo, tensor_parallel_size: int, kv_dtype: str, block_size: int) -> KvLayout:
-    """vLLM's KV-cache groups for `model` on one rank of a TP group (CUDA, ROCm, CPU)."""
+# The smallest kernel block of the attention backends vLLM runs Gemma 4 with on CUDA and ROCm (Triton,
+# FlashAttention: MultipleOf(16)); releases with sliding_block_smallest_kernel start sliding-window
+# layers from it.
+SMALLEST_KERNEL_BLOCK = 16
+
+
+def kv_layout(
+    model: ModelInfo,
+    tensor_parallel_size: int,
+    kv_dtype: str,
+    block_size: int,
+    sliding_block_size: int | None = None,
+) -> KvLayout:
+    """vLLM's KV-cache groups for `model` on one rank of a TP group (CUDA, ROCm, CPU).
+
+    `sliding_block_size` is the block a sliding-window layer's spec starts from when the release does
+    not take `block_size` for it (VllmRelease.sliding_block_smallest_kernel).
+    """
     dtype_bytes = KV_DTYPE_BYTES[kv_dtype]
     counts = Counter(model.kv_layer_kinds)
     specs: dict[str, KvSpec] = {}
@@ -123,13 +139,14 @@ def kv_layout(model: ModelInfo, tensor_parallel_size: int, kv_dtype: str, block_
         shape = model.shape(kind)
         specs[kind] = KvSpec(
             kind=kind,
-            block_size=block_size,
+            block_size=(sliding_block_size or block_size) if kind == "sliding" else block_size,
             # Gemma4Attention: num_kv_heads = max(1, total // tp_size); replicated when TP exceeds them.
             kv_heads=max(1, shape.kv_heads // tensor_parallel_size),
             head_dim=shape.head_dim,
             dtype_bytes=dtype_bytes,
             sliding_window=model.sliding_window if kind == "sliding" else None,
         )
+    # unify_kv_cache_spec_page_size: smaller pages grow their block size to the largest page.
     max_page = max(s.page_size_bytes for s in specs.values())
     for kind, spec in specs.items():
         if max_page % spec.page_size_bytes:
@@ -142,6 +159,14 @@ def kv_layout(model: ModelInfo, tensor_parallel_size: int, kv_dtype: str, block_
     for kind, n in counts.items():
         groups.extend([specs[kind]] * cdiv(n, group_size))
     return KvLayout(groups=tuple(groups), bytes_per_block=max_page * group_size)
+
+
+def release_kv_layout(
+    model: ModelInfo, tensor_parallel_size: int, kv_dtype: str, block_size: int, release: VllmRelease
+) -> KvLayout:
+    """kv_layout as `release` builds it (CUDA, ROCm, CPU)."""
+    sliding = SMALLEST_KERNEL_BLOCK if release.sliding_block_smallest_kernel else None
+    return kv_layout(model, tensor_parallel_size, kv_dtype, block_size, sliding)
 
 
 # TPU (tpu-inference) ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from gemmaserve.kv_cache import (
     DEFAULT_BLOCK_SIZE,
     KvCapacity,
     kv_capacity,
-    kv_layout,
+    release_kv_layout,
     runtime_overhead_gib,
     tpu_block_size,
     tpu_kv_layout,
@@ -310,7 +310,7 @@ def _size(spec: Spec, tp: int, kv_dtype: str, max_model_len: int, available_kv_g
         layout = tpu_kv_layout(model, tp, kv_dtype, block)
         pool_bytes = int(available * GiB) * tp
     else:
-        layout = kv_layout(model, tp, kv_dtype, block)
+        layout = release_kv_layout(model, tp, kv_dtype, block, release)
         pool_bytes = int(available * GiB)
     in_flight = release.in_flight_tokens(mnbt, _uses_async_scheduling(spec))
     capacity = kv_capacity(layout, pool_bytes, max_model_len, in_flight, release)

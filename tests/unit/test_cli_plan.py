@@ -56,8 +56,31 @@ def test_calibration_from_the_command_line():
         "--json",
     )
     replica = json.loads(result.stdout)["replicas"][0]
-    assert abs(replica["kv_cache_tokens"] - 93936) <= 16
+    # 21.5 GiB exactly is 35,225 blocks; the log's 93,936 tokens are 35,226-35,231 (21.5 is rounded)
+    assert replica["kv_cache_tokens"] == 35_225 // 6 * 16 == 93_920
     assert replica["max_concurrency"] == 6.96
+    assert replica["kv_cache_accounting"].startswith("vllm 0.19.0: tokens = blocks // groups x block size")
+
+
+@pytest.mark.parametrize(
+    "stack, accounting",
+    [
+        ("gpu8", "vllm 0.33.0: tokens = max concurrency x max_model_len; sliding-window reserve = window + 2 batches"),
+        ("a100", "vllm 0.33.0: tokens = max concurrency x max_model_len"),
+        ("tpu-v6e4", "vllm-tpu 0.32.0 + tpu-inference 0.32.0: every layer full attention"),
+        ("tpu-v6e1", "vllm-tpu 0.32.0 + tpu-inference 0.32.0"),
+    ],
+)
+def test_plan_names_the_release_whose_accounting_it_used(stack, accounting):
+    result = gemmaserve("plan", "--stack", stack)
+    assert result.returncode == 0, result.stderr
+    assert accounting in " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize("version", ["0.19.0", "0.20.1", "0.26.0", "0.33.0"])
+def test_every_checked_release_is_accepted(version):
+    data = json.loads(gemmaserve("plan", "--stack", "gpu8", "--vllm-version", version, "--json").stdout)
+    assert data["replicas"][0]["kv_cache_accounting"].startswith(f"vllm {version}:")
 
 
 def test_table_output_names_the_layout():
@@ -93,6 +116,14 @@ def test_speculative_flag():
         (["--model", "31b"], "give --stack NAME, or at least --model and --accelerator"),
         (["--stack", "nope"], "stack = 'nope'"),
         (["--model", "31b", "--accelerator", "h100-80gb", "--available-kv-gib", "-1"], "--available-kv-gib = -1"),
+        (
+            ["--model", "31b", "--accelerator", "h100-80gb", "--vllm-version", "0.34.0"],
+            "engine.vllm_version = '0.34.0': vllm's KV-cache accounting at this release has not been checked",
+        ),
+        (["--stack", "gpu8", "--vllm-version", "0.33.1"], "allowed: 0.19.0, 0.19.1, 0.20.0"),
+        (["--stack", "tpu-v6e4", "--vllm-version", "0.31.0"], "engine.vllm_version = '0.31.0': vllm-tpu's"),
+        (["--stack", "tpu-v6e4", "--vllm-version", "0.33.0"], "allowed: 0.32.0"),
+        (["--stack", "gpu8", "--vllm-version", "0.18.1"], "Gemma 4 needs vLLM >= 0.19.0"),
     ],
 )
 def test_bad_input_goes_to_stderr_with_exit_2(args, message):

@@ -22,7 +22,7 @@ from gemmaserve.catalog import CATALOG, GiB, ModelInfo
 from gemmaserve.kv_cache import (
     KvCapacity,
     kv_capacity,
-    kv_layout,
+    release_kv_layout,
     tpu_kv_layout,
     tpu_padded_head_dim,
     tpu_padded_kv_heads,
@@ -31,7 +31,7 @@ from gemmaserve.kv_cache import (
 from gemmaserve.plan import plan
 from gemmaserve.spec import parse_spec
 from gemmaserve.stack import read_stack_config
-from gemmaserve.vllm_releases import TPU_CITATIONS, VLLM_CITATIONS, vllm_release
+from gemmaserve.vllm_releases import TPU_CITATIONS, VLLM_CITATIONS, VllmRelease, vllm_release
 
 pytestmark = pytest.mark.vllm
 
@@ -81,13 +81,15 @@ def gpu_case(alias, tp, max_model_len, dtype, mnbt, asynchronous, speculative, b
     }
 
 
-def planner(case: dict, version: str, vendor: str = "nvidia") -> KvCapacity:
+def planner(case: dict, version: str | VllmRelease, vendor: str = "nvidia") -> KvCapacity:
     model = CATALOG.model(case["alias"])
-    release = vllm_release(version, vendor)
+    release = version if isinstance(version, VllmRelease) else vllm_release(version, vendor)
     if case.get("tpu_layers"):
         layout = tpu_kv_layout(model, case["tensor_parallel_size"], case["kv_cache_dtype"], case["block_size"])
     else:
-        layout = kv_layout(model, case["tensor_parallel_size"], case["kv_cache_dtype"], case["block_size"])
+        layout = release_kv_layout(
+            model, case["tensor_parallel_size"], case["kv_cache_dtype"], case["block_size"], release
+        )
     in_flight = release.in_flight_tokens(case["max_num_batched_tokens"], case["async_scheduling"])
     return kv_capacity(layout, case["available_bytes"], case["max_model_len"], in_flight, release)
 
@@ -96,29 +98,38 @@ def planner(case: dict, version: str, vendor: str = "nvidia") -> KvCapacity:
 # above it, cycled over the grid so every rule meets both sides of the check.
 def _available(case: dict, version: str, index: int) -> int:
     needed = planner({**case, "available_bytes": GiB}, version).needed_bytes
-    model = CATALOG.model(case["alias"])
-    per_block = kv_layout(
-        model, case["tensor_parallel_size"], case["kv_cache_dtype"], case["block_size"]
-    ).bytes_per_block
+    model, release = CATALOG.model(case["alias"]), vllm_release(version, "nvidia")
+    tp, dtype, block = case["tensor_parallel_size"], case["kv_cache_dtype"], case["block_size"]
+    per_block = release_kv_layout(model, tp, dtype, block, release).bytes_per_block
     offsets = (0, -1, per_block - 1, per_block, needed // 3, 2 * needed + 12345, -(needed // 10), 7 * needed)
     return max(1, needed + offsets[index % len(offsets)])
 
 
 def grid(version: str) -> list[dict]:
-    """Every catalog model x TP 1/2/4/8 x max_model_len x KV dtype x batched tokens x async x speculative."""
+    """Every catalog model x TP 1/2/4/8 x max_model_len x KV dtype x batched tokens x async; speculative
+    ngram/mtp on every model x TP x length x dtype (8,192 tokens, async); other block sizes."""
     mtp = vllm_release(version, "nvidia").has("gemma4_mtp_shares_kv")  # Gemma 4 MTP exists from 0.21.0
-    speculative = ("none", "ngram", "mtp") if mtp else ("none", "ngram")
+    rows = [
+        (alias, tp, length, dtype, mnbt, asynchronous, "none", 16)
+        for alias, tp, length, dtype, mnbt, asynchronous in itertools.product(
+            MODELS, (1, 2, 4, 8), (32768, 131072), ("auto", "fp8"), (2048, 8192), (True, False)
+        )
+    ]
+    rows += [
+        (alias, tp, length, dtype, 8192, spec != "ngram", spec, 16)  # vLLM turns async off for ngram
+        for alias, tp, length, dtype, spec in itertools.product(
+            MODELS, (1, 2, 4, 8), (32768, 131072), ("auto", "fp8"), ("ngram", "mtp") if mtp else ("ngram",)
+        )
+    ]
+    # Other block sizes (--block-size): some releases pick a sliding-window layer's block size themselves.
+    rows += [
+        (alias, tp, 32768, "auto", 8192, True, "none", block)
+        for alias, tp, block in itertools.product(MODELS, (1, 2), (32, 64, 128))
+    ]
     cases = []
-    for alias, tp, length, dtype, mnbt, asynchronous, spec in itertools.product(
-        MODELS, (1, 2, 4, 8), (32768, 131072), ("auto", "fp8"), (2048, 8192), (True, False), speculative
-    ):
+    for alias, tp, length, dtype, mnbt, asynchronous, spec, block in rows:
         max_model_len = min(length, CATALOG.model(alias).max_context)
-        case = gpu_case(alias, tp, max_model_len, dtype, mnbt, asynchronous, spec, 16, 0)
-        case["available_bytes"] = _available(case, version, len(cases))
-        cases.append(case)
-    # Other block sizes (--block-size): vLLM 0.33 picks a sliding-window layer's block size itself.
-    for alias, tp, block in itertools.product(MODELS, (1, 2), (32, 64, 128)):
-        case = gpu_case(alias, tp, min(32768, CATALOG.model(alias).max_context), "auto", 8192, True, "none", block, 0)
+        case = gpu_case(alias, tp, max_model_len, dtype, mnbt, asynchronous, spec, block, 0)
         case["available_bytes"] = _available(case, version, len(cases))
         cases.append(case)
     return cases
@@ -153,9 +164,8 @@ def oracle_results(vllm_python, request) -> dict[str, tuple[list[dict], list[dic
         {
             item.callspec.params["version"]
             for item in request.session.items
-            if item.originalname == "test_planner_equals_vllm_on_the_grid"
-        }
-        | {"0.33.0"},
+            if item.originalname in ("test_planner_equals_vllm_on_the_grid", "test_grid_tells_every_rule_apart")
+        },
         key=lambda v: list(VLLM_CITATIONS).index(v),
     )
     grids = {v: grid(v) for v in versions}
@@ -203,18 +213,40 @@ def test_planner_equals_vllm_on_the_grid(oracle_results, version):
     assert not failures, f"{len(failures)} of {len(cases)} differ, e.g.\n" + "\n".join(failures[:10])
 
 
-def test_grid_exercises_both_sides_of_every_rule(oracle_results):
-    """The grid meets the checks it claims to: refusals and fits, and 0.26's async reserve changing results."""
-    cases, answers = oracle_results["0.33.0"]
-    assert 0 < sum(a["fits"] for a in answers) < len(answers)
-    by_async = {}
-    for case, answer in zip(cases, answers, strict=True):
-        if answer["fits"] and case["speculative"] == "none" and case["block_size"] == 16:
-            key = tuple(case[k] for k in ("alias", "tensor_parallel_size", "max_model_len", "kv_cache_dtype"))
-            by_async.setdefault(key + (case["max_num_batched_tokens"], case["available_bytes"]), {})[
-                case["async_scheduling"]
-            ] = answer["concurrency"]
-    assert any(len(v) == 2 and v[True] != v[False] for v in by_async.values())
+# Each rule, flipped, must make the planner disagree with vLLM somewhere on that release's grid: the grid
+# can tell every rule apart (a mutation test of the rule table).
+FLIPS = {
+    "tokens_from_concurrency": "tokens_from_blocks",
+    "tokens_from_blocks": "tokens_from_concurrency",
+    "sliding_reserve_in_flight": "sliding_reserve_one_batch",
+    "sliding_reserve_one_batch": "sliding_reserve_in_flight",
+    "fit_check_holds_null_block": None,
+    "sliding_block_smallest_kernel": None,
+}
+
+
+def flipped(release: VllmRelease, rule: str) -> VllmRelease:
+    citations = dict(release.citations)
+    if rule in citations:
+        del citations[rule]
+        if FLIPS[rule]:
+            citations[FLIPS[rule]] = "flipped"
+    else:
+        citations[rule] = "flipped"
+        citations.pop(FLIPS[rule] or "", None)
+    return VllmRelease(release.version, release.package, citations)
+
+
+@pytest.mark.parametrize("version", ["0.19.0", "0.20.1", "0.26.0", "0.29.0", "0.33.0"])
+def test_grid_tells_every_rule_apart(oracle_results, version):
+    cases, answers = oracle_results[version]
+    release = vllm_release(version, "nvidia")
+    for rule in FLIPS:
+        if FLIPS[rule] and rule not in release.citations:
+            continue  # flipped from its partner
+        mutant = flipped(release, rule)
+        disagreeing = sum(bool(_differences(c, planner(c, mutant), a)) for c, a in zip(cases, answers, strict=True))
+        assert disagreeing, f"{version}: flipping {rule} changes nothing on the grid"
 
 
 # The default stacks: what the pinned release logs for the planned memory ---------------------------
