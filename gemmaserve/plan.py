@@ -244,7 +244,9 @@ def _engine_max_num_batched_tokens(spec: Spec, release: VllmRelease, max_model_l
     if acc.is_gpu and release.large_gpu_batch_defaults and acc.memory_gib >= 160:
         tokens = 16384
     if release.multimodal_batch_floor and _multimodal_on(spec):
-        # Gemma 4 is a multimodal prefix-LM: one item of its largest modality must fit in one batch.
+        # Gemma 4 is a multimodal prefix-LM (Gemma4ModelArchConfigConvertor.is_mm_prefix_lm: text_config
+        # use_bidirectional_attention == "vision", as 31B's published config sets it) while any modality
+        # is on: one item of its largest modality must fit in one batch.
         image = spec.workload.vision_token_budget or GEMMA4_DEFAULT_IMAGE_TOKENS
         tokens = max(tokens, GEMMA4_MAX_VIDEO_ITEM_TOKENS, image)
     return min(tokens, _engine_max_num_seqs(spec, release) * max_model_len)
