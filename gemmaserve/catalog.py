@@ -161,7 +161,7 @@ MODELS: tuple[ModelInfo, ...] = (
         experts_per_token=8,
     ),
     # A randomly initialised ~300k-parameter checkpoint built by `gemmaserve tiny-model` for the
-    # sandbox and tests. Its shapes are those gemmaserve.tiny_model writes; it is not a real model.
+    # sandbox and tests. Its shapes are those gemmaserve.sandbox.tiny_model writes; it is not a real model.
     ModelInfo(
         hf_id="gemmaserve/tiny-gemma4-test",
         aliases=("tiny",),
@@ -190,12 +190,10 @@ Interconnect = Literal["nvswitch", "nvlink", "pcie", "xgmi", "ici", "none"]
 
 @dataclass(frozen=True)
 class GcpMachineType:
-    """A Compute Engine machine type and the number of accelerators it carries."""
+    """A Compute Engine machine type and the number of GPUs it carries (a2/a3/a4/g2/g4 bundle theirs)."""
 
     name: str
     count: int
-    # a2/a3/a4/g2/g4 machine types bundle their GPUs: no guest_accelerators may be declared.
-    bundles_accelerators: bool = True
 
 
 @dataclass(frozen=True)

@@ -97,10 +97,20 @@ class ReplicaPlan:
     env: dict[str, str]
     capacity: Capacity
     cache_key: str
+    # Where the host itself reaches the replica: its bind address, or loopback when it binds all of them.
+    address: str
 
     @property
     def unit(self) -> str:
         return f"vllm@{self.index}.service"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"{self.url}/health"
 
 
 @dataclass
@@ -108,7 +118,7 @@ class Plan:
     spec: Spec
     model: ModelInfo
     accelerator: Accelerator
-    engine: EnginePlan | None = None
+    engine: EnginePlan
     replicas: list[ReplicaPlan] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
@@ -435,6 +445,11 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
     return env
 
 
+def local_address(bind_address: str) -> str:
+    """The address a process on the host uses to reach a server bound to `bind_address`."""
+    return "127.0.0.1" if bind_address == "0.0.0.0" else bind_address
+
+
 def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     """Turn a validated spec into replicas. Refusals (not exceptions) report configs that cannot serve."""
     model, acc = spec.model_info, spec.accelerator_info
@@ -501,6 +516,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
                 env=_env(spec, index, devices, key),
                 capacity=capacity,
                 cache_key=key,
+                address=local_address(spec.serving.bind_address),
             )
         )
     return result

@@ -51,12 +51,12 @@ class SpecError(Exception):
         super().__init__(f"invalid {source}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     # Unknown keys are errors: a typo such as `max_model_length` must not be silently ignored.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class AcceleratorSpec(_Strict):
+class AcceleratorSpec(Strict):
     kind: str = Field(description="Accelerator kind from the catalog, e.g. rtx-pro-6000, tpu-v6e, cpu.")
     count: int = Field(1, ge=1, le=16, description="Devices (GPUs or TPU chips) per host.")
 
@@ -82,7 +82,7 @@ class AcceleratorSpec(_Strict):
         return CATALOG.accelerator(self.kind)
 
 
-class MultimodalLimits(_Strict):
+class MultimodalLimits(Strict):
     """--limit-mm-per-prompt. Unset audio means 1 where the model has audio, else 0."""
 
     image: int = Field(4, ge=0, le=64)
@@ -90,7 +90,7 @@ class MultimodalLimits(_Strict):
     video: int | None = Field(None, ge=0, le=8)
 
 
-class Speculative(_Strict):
+class Speculative(Strict):
     method: Literal["none", "mtp", "ngram"] = "none"
     num_tokens: int | None = Field(None, ge=1, le=8, description="num_speculative_tokens")
 
@@ -108,7 +108,7 @@ class Speculative(_Strict):
         return self.num_tokens or {"mtp": 4, "ngram": 3}.get(self.method, 0)
 
 
-class Workload(_Strict):
+class Workload(Strict):
     max_model_len: int | None = Field(None, ge=256, description="Default: min(32768, the model's context).")
     text_only: bool = Field(False, description="Text-only service: image=0,audio=0 (seed 01/02).")
     limit_mm_per_prompt: MultimodalLimits = MultimodalLimits()
@@ -149,7 +149,7 @@ class Workload(_Strict):
         return value
 
 
-class Engine(_Strict):
+class Engine(Strict):
     kind: Literal["wheel", "container"] = "wheel"
     vllm_version: str | None = Field(None, description="Pinned vLLM release, e.g. 0.33.0.")
     image: str | None = Field(None, description="Pinned container image (version tag or @sha256 digest).")
@@ -193,7 +193,7 @@ class Engine(_Strict):
         return value
 
 
-class Serving(_Strict):
+class Serving(Strict):
     base_port: int = Field(8000, ge=1024, le=65000)
     replicas: Literal["auto"] | int = Field("auto", description="'auto' or 1..16")
     tensor_parallel_size: Literal["auto"] | int = Field("auto", description="'auto' or 1, 2, 4, 8")
@@ -225,7 +225,7 @@ class Serving(_Strict):
         return value
 
 
-class SecretSource(_Strict):
+class SecretSource(Strict):
     """Where the Hugging Face token comes from: exactly one of Secret Manager or a file."""
 
     secret_manager: str | None = Field(None, description="Secret name or projects/P/secrets/NAME[/versions/V].")
@@ -252,7 +252,7 @@ class SecretSource(_Strict):
         return self
 
 
-class Spec(_Strict):
+class Spec(Strict):
     model: str = Field(description="Catalog alias (e2b, e4b, 31b, 26b-a4b) or Hugging Face id.")
     accelerator: AcceleratorSpec
     workload: Workload = Workload()
