@@ -101,6 +101,22 @@ class PyinfraRun:
     def ok(self) -> bool:
         return self.returncode == 0
 
+    def proposed_changes(self) -> list[str]:
+        """A dry run's operations with a detected change (pyinfra's "Change" column); conditional ones,
+        which depend on earlier operations, are not counted."""
+        lines = self.output.splitlines()
+        if "--> Detected changes:" not in (line.strip() for line in lines):
+            raise ValueError("no detected-changes table in pyinfra's output:\n" + self.output[-2000:])
+        start = next(i for i, line in enumerate(lines) if line.strip() == "--> Detected changes:")
+        changed = []
+        for line in lines[start + 2 :]:
+            if not line.strip():
+                break
+            name, change, _conditional = re.split(r"\s{2,}", line.strip())[-3:]
+            if change != "-":
+                changed.append(name)
+        return changed
+
     def totals(self) -> tuple[int, int]:
         """(operations, changed) from pyinfra's results table."""
         match = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", self.output)

@@ -91,7 +91,7 @@ def dry_run_of_converged(name: str):
         deploy(name)  # converged first, whatever earlier tests did
         _DRY_RUNS[name] = fleet.run_pyinfra(limit=[name], dry=True)
         assert _DRY_RUNS[name].ok, _DRY_RUNS[name].output[-3000:]
-        assert _DRY_RUNS[name].totals()[1] == 0
+        assert _DRY_RUNS[name].proposed_changes() == []
     return _DRY_RUNS[name]
 
 
