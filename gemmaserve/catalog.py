@@ -77,17 +77,17 @@ class ModelInfo:
 #   1 x 512 global, window 512, 20 KV-shared layers; E4B 42 layers, every 6th full, 2 x 256 sliding,
 #   2 x 512 global, window 512, 18 KV-shared layers. transformers' Gemma4TextConfig uses
 #   num_global_key_value_heads only when attention_k_eq_v is true, so E2B/E4B global layers keep
-#   num_key_value_heads. Seed 03 cross-checks E2B: "Number of Attention Layers: 15" = 35 - 20.
+#   num_key_value_heads. A v6e-4 log cross-checks E2B: "Number of Attention Layers: 15" = 35 - 20 (https://dev.to/gde/debugging-deployments-with-gemma-2b-tpu-v6e-4-mcp-and-antigravity-cli-539h).
 # - vLLM allocates K *and* V for attention_k_eq_v layers (gemma4.py loads K weights into both slots),
-#   so the flag does not halve the page size; seed 05's "6.96x" only reproduces with both stored.
+#   so the flag does not halve the page size; an A100 user's "6.96x" (https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/) only reproduces with both stored.
 # - Max context: model cards (128K for E2B/E4B, 256K for 31B/26B-A4B).
-# - Weights: 26B-A4B measured as 48.5 GiB on one A100 (seed 05, "Model loading took 48.5 GiB").
-#   Others are bf16 parameter counts from the model cards x 2 bytes: 31B 30.7B (seed 02: "dense
-#   30.7B-parameter model"), E2B 5.1B and E4B 8B with embeddings (seed 03 reports ~9.54 GiB for E2B
+# - Weights: 26B-A4B measured as 48.5 GiB on one A100 (the same log: "Model loading took 48.5 GiB").
+#   Others are bf16 parameter counts from the model cards x 2 bytes: 31B 30.7B (Callstack: "dense
+#   30.7B-parameter model"), E2B 5.1B and E4B 8B with embeddings (the v6e-4 log reports ~9.54 GiB for E2B
 #   on TPU, i.e. 5.1B x 2 bytes).
-# - Modalities: seed 01 ("smaller gemma4-E2B and gemma-4-E4B also support audio"), seed 02 ("audio
+# - Modalities: vLLM's Gemma 4 recipe ("smaller gemma4-E2B and gemma-4-E4B also support audio"), Callstack ("audio
 #   support belongs to the smaller E2B and E4B models").
-# - MTP assistant: seed 02 (google/gemma-4-31B-it-assistant).
+# - MTP assistant: google/gemma-4-31B-it-assistant (https://www.callstack.com/blog/optimizing-self-hosted-gemma-for-production-inference).
 MODELS: tuple[ModelInfo, ...] = (
     ModelInfo(
         hf_id="google/gemma-4-E2B-it",
@@ -266,14 +266,14 @@ def _a2(prefix: str, counts: tuple[int, ...]) -> tuple[GcpMachineType, ...]:
 # Sources for the accelerator table:
 # - Memory: what torch.cuda.get_device_properties().total_memory reports (vLLM sizes against it), e.g.
 #   A100 80GB 79.25 GiB, H100 80GB 79.19 GiB; TPU v6e "32 GB of physical HBM, of which 31.25 GiB is
-#   usable" (seed 03); RTX PRO 6000 Blackwell Server Edition "96 GB GDDR7" (seed 02), PCIe Gen5 x16
-#   links and no NVLink (seed 02, 8-GPU host section).
+#   usable" (the v6e-4 log); RTX PRO 6000 Blackwell Server Edition "96 GB GDDR7" (Callstack), PCIe Gen5 x16
+#   links and no NVLink (Callstack's 8-GPU host table).
 # - Machine types: cloud.google.com/compute/docs/gpus (a2-highgpu-{1,2,4,8}g and a2-megagpu-16g for
 #   A100 40GB, a2-ultragpu-{1,2,4,8}g for A100 80GB, a3-highgpu-{1,2,4,8}g for H100, a3-ultragpu-8g
 #   for H200, a4-highgpu-8g for B200, g4-standard-{48,96,192,384} for 1/2/4/8 RTX PRO 6000,
 #   g2-standard-{4..32}/24/48/96 for 1/2/4/8 L4). AMD Instinct is not sold on Google Cloud: bare metal.
 # - TPU types and runtimes: cloud.google.com/tpu/docs/runtimes (v2-alpha-tpuv6e for Trillium,
-#   v2-alpha-tpuv5-lite for v5e, the tpu7x Ironwood runtime) and seed 03 (v6e-4, TP = chip count).
+#   v2-alpha-tpuv5-lite for v5e, the tpu7x Ironwood runtime) and https://dev.to/gde/debugging-deployments-with-gemma-2b-tpu-v6e-4-mcp-and-antigravity-cli-539h (v6e-4, TP = chip count).
 ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
         name="a100-40gb",

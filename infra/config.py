@@ -20,7 +20,7 @@ from gemmaserve.spec import Spec, SpecError, Strict, validate_model
 IAP_RANGE = "35.235.240.0/20"
 HEALTH_CHECK_RANGES = ("130.211.0.0/22", "35.191.0.0/16")
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
-# Flex-start capacity is granted for at most 7 days (TPU and Compute Engine docs; seed 03).
+# Flex-start capacity is granted for at most 7 days (cloud.google.com/tpu/docs/flex-start and compute/docs/instances/flex-start-vms).
 FLEX_START_MAX = timedelta(days=7)
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
@@ -113,7 +113,7 @@ class Cloud(Strict):
         "automatic", description="'automatic' or a list of regions for user-managed replication."
     )
     image: ServingImage = ServingImage()
-    protect: bool = Field(True, description="Protect TPU queued resources from `pulumi destroy` (seed 03).")
+    protect: bool = Field(True, description="Protect TPU queued resources from `pulumi destroy`.")
 
     @field_validator("zones")
     @classmethod

@@ -1,5 +1,5 @@
-"""`gemmaserve bench`: `vllm bench serve` on each host against its load balancer, over seed 01's
-profiles and a concurrency sweep; a table, a JSON file and a PNG plot of throughput and latency."""
+"""`gemmaserve bench`: `vllm bench serve` on each host against its load balancer, over the benchmark
+profiles of vLLM's Gemma 4 recipe and a concurrency sweep; a table, a JSON file and a PNG plot of throughput and latency."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from gemmaserve.ops import fleet
 from gemmaserve.ops.status import metric_sums
 from gemmaserve.plan import HF_HOME, Plan
 
-# Seed 01 "Benchmark Configurations": input / output tokens.
+# vLLM's Gemma 4 recipe, "Benchmark Configurations" (https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html): input / output tokens.
 PROFILES = {"prompt-heavy": (8000, 1000), "decode-heavy": (1000, 8000), "balanced": (1000, 1000)}
-# Seed 01: batch sizes 1, 16, 32, 64, 128, 256.
+# The same recipe's concurrency sweep: 1, 16, 32, 64, 128, 256.
 DEFAULT_CONCURRENCY = (1, 16, 32, 64, 128, 256)
 RESULT_DIR = "/tmp/gemmaserve-bench"
 FIELDS = (

@@ -127,10 +127,18 @@ def _build_in_vllm_venv(out: Path) -> Path:
     if not Path(python).exists():
         raise RuntimeError(
             f"building the tiny model needs torch and transformers; {python} does not exist "
-            "(build it with `python -m gemmaserve.vllm_cpu build` or set GEMMASERVE_VLLM_PYTHON)"
+            "(build it with `python3 roles/vllm/files/vllm_cpu.py build` or set GEMMASERVE_VLLM_PYTHON)"
         )
-    # The child prints the path on stdout; the caller reports it, so keep stdout quiet.
-    subprocess.run([python, str(Path(__file__).resolve()), str(out)], check=True, stdout=subprocess.DEVNULL)
+    # Run as a module from the repository root, not as a script: a script's own directory goes first on
+    # sys.path, and this package's profile.py would shadow the standard library's `profile` module.
+    repo = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [python, "-m", "gemmaserve.sandbox.tiny_model", str(out)],
+        check=True,
+        stdout=subprocess.DEVNULL,  # the child prints the path; the caller reports it
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
     return out
 
 

@@ -107,7 +107,7 @@ def docker_run_flags(serving: Plan) -> str:
     elif vendor == "amd":
         flags += ["--device=/dev/kfd", "--device=/dev/dri", "--group-add=video", "--security-opt=seccomp=unconfined"]
     elif vendor == "google":
-        # Seeds 01/04: TPU containers need the chips (privileged) and the host's /dev/shm for the XLA cache.
+        # vLLM's TPU containers need the chips (privileged) and the host's /dev/shm for the XLA cache (https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html).
         flags += ["--privileged", "-v /dev/shm:/dev/shm"]
     return " ".join(flags)
 

@@ -32,7 +32,7 @@ SUPPORTED = {"mi300x", "mi325x", "mi355x"}
 INSTALLER_URL = "https://repo.radeon.com/amdgpu-install/{version}/ubuntu/{codename}/{deb}"
 # ROCm publishes Ubuntu builds; Debian 12 installs the jammy ones (ROCm's Debian instructions do the same).
 CODENAMES = {("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble", ("debian", "12"): "jammy"}
-# What a ROCm container needs from the host (seed 01's `docker run`): the compute and render device
+# What a ROCm container needs from the host (the `docker run` of https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html): the compute and render device
 # nodes, and membership of the groups that own them.
 CONTAINER_DEVICES = ("/dev/kfd", "/dev/dri")
 DEVICE_GROUPS = ("render", "video")

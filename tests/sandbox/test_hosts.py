@@ -97,7 +97,7 @@ def test_down_of_last_host_restores_ip_forward(torn_down: TornDown) -> None:
 
 @pytest.mark.sandbox_teardown
 def test_down_keeps_nat_while_another_host_is_up(request: pytest.FixtureRequest, sandbox_ready: None) -> None:
-    from tests.roles.conftest import bring_up
+    from tests.sandbox_fixtures import bring_up
 
     first, second = state.free_indices(2)
     bring_up([first, second], request)

@@ -263,18 +263,21 @@ def test_replica_runs_as_the_service_user(deployed, sandbox_host):
 
 
 def _all_planned_argvs() -> list[list[str]]:
-    from tests.unit import test_seed_scenarios as seeds
+    from tests.unit import test_published_setups as published
 
     specs = [load_stack_spec(s, REPO) for s in ("tpu-v6e4", "tpu-v6e1", "gpu8", "a100", "h100")]
     argvs = [r.argv for spec in specs for r in plan(spec).replicas]
     from gemmaserve.spec import parse_spec
 
-    seed_specs = [
-        seeds.SEED02_SPEC,
-        seeds.SEED04_SPEC,
-        {**seeds.SEED02_SPEC, "workload": {**seeds.SEED02_SPEC["workload"], "speculative": {"method": "mtp"}}},
+    published_specs = [
+        published.CALLSTACK_SPEC,
+        published.TURBO_STABLE_SPEC,
+        {
+            **published.CALLSTACK_SPEC,
+            "workload": {**published.CALLSTACK_SPEC["workload"], "speculative": {"method": "mtp"}},
+        },
     ]
-    argvs += [r.argv for data in seed_specs for r in plan(parse_spec(data)).replicas]
+    argvs += [r.argv for data in published_specs for r in plan(parse_spec(data)).replicas]
     return argvs
 
 
@@ -292,7 +295,7 @@ def argcheck_on_host(deployed, sandbox_host, sandbox_plan):
     return result.rc, verdicts, len(argvs)
 
 
-def test_every_stack_and_seed_argv_passes_vllms_parser(argcheck_on_host):
+def test_every_stack_and_published_argv_passes_vllms_parser(argcheck_on_host):
     _, verdicts, planned = argcheck_on_host
     assert len(verdicts) == planned + 1
     bad = [(v["argv"][2], v["error"]) for v in verdicts[:planned] if not v["ok"]]

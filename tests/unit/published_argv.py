@@ -1,4 +1,4 @@
-"""Normalises `vllm serve` command lines so a seed's argv and a planned argv compare flag by flag."""
+"""Normalises `vllm serve` command lines so a published argv and a planned argv compare flag by flag."""
 
 from __future__ import annotations
 
