@@ -4,22 +4,30 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 GEMMASERVE := $(VENV)/bin/gemmaserve
 
-.PHONY: venv test test-unit lint demo demo-down bench
+.PHONY: venv system-packages test test-unit lint demo demo-down
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[infra,hosts,test]'
+	$(PY) -m pip install --quiet -e '.[infra,hosts,plot,test]'
 	touch $@
 
-# Everything: unit, Pulumi mocks, policy, workflow lint, and the sandbox (real hosts, real vLLM).
-test: venv
+# The system tools the tests drive for real (sandbox, promtool), installed where missing.
+system-packages:
+	bash .ci/system-packages
+
+# Everything: lint, unit, Pulumi mocks, policy, workflow lint, and the sandbox (real hosts, real vLLM).
+test: venv system-packages lint
 	$(PY) -m pytest
 
 test-unit: venv
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/unit tests/ops tests/infra tests/policy tests/roles/fixtures
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 demo: venv
 	$(GEMMASERVE) demo

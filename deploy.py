@@ -2,8 +2,9 @@
 
 from pyinfra import host
 
-from gemmaserve.hostdata import spec_from_host_data
 from gemmaserve.plan import plan
+from gemmaserve.sources import spec_from_host_data
+from roles import ROLE_SETTINGS
 from roles.base import base
 from roles.caches import caches
 from roles.monitoring import monitoring
@@ -15,8 +16,11 @@ from roles.secrets import secrets
 from roles.tpu import tpu
 from roles.vllm import vllm
 
-# Bad host data or a config that cannot serve stops here, before any operation touches the host.
+# Bad host data, a bad role setting or a config that cannot serve stops here, before any operation
+# touches the host.
 serving = plan(spec_from_host_data(host.data.dict(), host.name)).require_ok()
+for settings in ROLE_SETTINGS:
+    settings.from_host(host)
 
 base()
 # Drivers first: they may reboot, and everything after them needs the devices.
@@ -24,6 +28,7 @@ base()
 vllm(serving)
 secrets(serving)
 caches(serving)
-replicas(serving)
+# The router before the replicas: a replica restart drains it in HAProxy first.
 router(serving)
+replicas(serving)
 monitoring(serving)

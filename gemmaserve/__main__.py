@@ -1,5 +1,5 @@
 """`python -m gemmaserve` runs the CLI."""
 
-from gemmaserve.cli import app
+from gemmaserve.ops.cli import app
 
 app()

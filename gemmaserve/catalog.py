@@ -87,9 +87,9 @@ class ModelInfo:
 #   1 x 512 global, window 512, 20 KV-shared layers; E4B 42 layers, every 6th full, 2 x 256 sliding,
 #   2 x 512 global, window 512, 18 KV-shared layers. transformers' Gemma4TextConfig uses
 #   num_global_key_value_heads only when attention_k_eq_v is true, so E2B/E4B global layers keep
-#   num_key_value_heads. Seed 03 cross-checks E2B: "Number of Attention Layers: 15" = 35 - 20.
+#   num_key_value_heads. A v6e-4 log cross-checks E2B: "Number of Attention Layers: 15" = 35 - 20 (https://dev.to/gde/debugging-deployments-with-gemma-2b-tpu-v6e-4-mcp-and-antigravity-cli-539h).
 # - vLLM allocates K *and* V for attention_k_eq_v layers (gemma4.py loads K weights into both slots),
-#   so the flag does not halve the page size; seed 05's "6.96x" only reproduces with both stored.
+#   so the flag does not halve the page size; an A100 user's "6.96x" (https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/) only reproduces with both stored.
 # - Max context: model cards (128K for E2B/E4B, 256K for 31B/26B-A4B).
 # - Checkpoint bytes (hubs are unreachable here; every value is quoted by public sources, none measured):
 #   31B: model.safetensors.index.json metadata.total_size 62,546,177,752 (google/gemma-4-31B-it at
@@ -97,7 +97,7 @@ class ModelInfo:
 #     = 2 bytes x 31,273,088,876 BF16 parameters, the Hub API's safetensors summary.
 #   26B-A4B: metadata.total_size 51,611,872,412 (google/gemma-4-26B-A4B-it; a public write-up sums the
 #     two shard headers at revision 4d7ae49 to the same bytes) = 2 x 25,805,936,206 BF16 parameters.
-#     A real vLLM 0.19 server on one A100 logged "Model loading took 48.5 GiB" for it (48.07 GiB of
+#     An A100 user's vLLM 0.19 log (https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/) has "Model loading took 48.5 GiB" (48.07 GiB of
 #     checkpoint plus buffers vLLM allocates while loading; RUNTIME_BASE_GIB counts those).
 #   E2B, E4B: single-file checkpoints (model.safetensors, no index, so no metadata.total_size is
 #     published). Bytes are 2 x the Hub API's BF16 parameter counts, 5,123,178,051 and 7,996,156,490:
@@ -107,10 +107,11 @@ class ModelInfo:
 #   table (the published vision_config), plus embed_vision's [text hidden, 1152] projection: 575,743,536
 #   and 572,794,416 BF16 parameters (the latter matches the public per-tensor sum for 26B-A4B). E2B/E4B's
 #   towers are not split out (no public per-tensor sums found): they count with the sharded weights.
-# - Modalities: seed 01 ("smaller gemma4-E2B and gemma-4-E4B also support audio"), seed 02 ("audio
+# - Modalities: vLLM's Gemma 4 recipe ("smaller gemma4-E2B and gemma-4-E4B also support audio"), Callstack ("audio
 #   support belongs to the smaller E2B and E4B models").
-# - MTP assistant: seed 02 (google/gemma-4-31B-it-assistant); its size is the Hub's "470M" parameters for
-#   the QAT release of the same assistant (google/gemma-4-31B-it-qat-q4_0-unquantized-assistant), BF16.
+# - MTP assistant: google/gemma-4-31B-it-assistant (https://www.callstack.com/blog/optimizing-self-hosted-gemma-for-production-inference);
+#   its size is the Hub's "470M" parameters for the QAT release of the same assistant
+#   (google/gemma-4-31B-it-qat-q4_0-unquantized-assistant, https://onlylabs.fyi/signals/bdf07c85-5eb4-4573-b293-bc19df10e294), BF16.
 MODELS: tuple[ModelInfo, ...] = (
     ModelInfo(
         hf_id="google/gemma-4-E2B-it",
@@ -187,7 +188,7 @@ MODELS: tuple[ModelInfo, ...] = (
         vision_tower_bytes=572_794_416 * 2,
     ),
     # A randomly initialised ~300k-parameter checkpoint built by `gemmaserve tiny-model` for the
-    # sandbox and tests. Its shapes are those gemmaserve.tiny_model writes; it is not a real model.
+    # sandbox and tests. Its shapes are those gemmaserve.sandbox.tiny_model writes; it is not a real model.
     ModelInfo(
         hf_id="gemmaserve/tiny-gemma4-test",
         aliases=("tiny",),
@@ -216,12 +217,10 @@ Interconnect = Literal["nvswitch", "nvlink", "pcie", "xgmi", "ici", "none"]
 
 @dataclass(frozen=True)
 class GcpMachineType:
-    """A Compute Engine machine type and the number of accelerators it carries."""
+    """A Compute Engine machine type and the number of GPUs it carries (a2/a3/a4/g2/g4 bundle theirs)."""
 
     name: str
     count: int
-    # a2/a3/a4/g2/g4 machine types bundle their GPUs: no guest_accelerators may be declared.
-    bundles_accelerators: bool = True
 
 
 @dataclass(frozen=True)
@@ -294,14 +293,14 @@ def _a2(prefix: str, counts: tuple[int, ...]) -> tuple[GcpMachineType, ...]:
 # Sources for the accelerator table:
 # - Memory: what torch.cuda.get_device_properties().total_memory reports (vLLM sizes against it), e.g.
 #   A100 80GB 79.25 GiB, H100 80GB 79.19 GiB; TPU v6e "32 GB of physical HBM, of which 31.25 GiB is
-#   usable" (seed 03); RTX PRO 6000 Blackwell Server Edition "96 GB GDDR7" (seed 02), PCIe Gen5 x16
-#   links and no NVLink (seed 02, 8-GPU host section).
+#   usable" (the v6e-4 log); RTX PRO 6000 Blackwell Server Edition "96 GB GDDR7" (Callstack), PCIe Gen5 x16
+#   links and no NVLink (Callstack's 8-GPU host table).
 # - Machine types: cloud.google.com/compute/docs/gpus (a2-highgpu-{1,2,4,8}g and a2-megagpu-16g for
 #   A100 40GB, a2-ultragpu-{1,2,4,8}g for A100 80GB, a3-highgpu-{1,2,4,8}g for H100, a3-ultragpu-8g
 #   for H200, a4-highgpu-8g for B200, g4-standard-{48,96,192,384} for 1/2/4/8 RTX PRO 6000,
 #   g2-standard-{4..32}/24/48/96 for 1/2/4/8 L4). AMD Instinct is not sold on Google Cloud: bare metal.
 # - TPU types and runtimes: cloud.google.com/tpu/docs/runtimes (v2-alpha-tpuv6e for Trillium,
-#   v2-alpha-tpuv5-lite for v5e, the tpu7x Ironwood runtime) and seed 03 (v6e-4, TP = chip count).
+#   v2-alpha-tpuv5-lite for v5e, the tpu7x Ironwood runtime) and https://dev.to/gde/debugging-deployments-with-gemma-2b-tpu-v6e-4-mcp-and-antigravity-cli-539h (v6e-4, TP = chip count).
 ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
         name="a100-40gb",

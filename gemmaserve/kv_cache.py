@@ -42,9 +42,10 @@ KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2":
 # Memory a GPU replica uses per device besides weights and KV cache at vLLM's profile peak.
 # RUNTIME_BASE_GIB is the CUDA context, allocator slack, buffers vLLM allocates while loading (rotary
 # caches, ...) and non-torch memory; the rest scales with max_num_batched_tokens (activations) and
-# max_num_seqs (fp32 logits in the sampler). Calibrated on one real log (vLLM 0.19, one A100 80GB,
-# gemma-4-26B-A4B, --enforce-eager, utilization 0.9): 79.25 x 0.9 - 21.5 GiB KV ("Available KV cache
-# memory") - 48.07 GiB checkpoint = 1.76 GiB at max_num_batched_tokens 2048, max_num_seqs 256.
+# max_num_seqs (fp32 logits in the sampler). Calibrated on one real log (an A100 user's vLLM 0.19,
+# https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/: one A100 80GB, gemma-4-26B-A4B, --enforce-eager,
+# utilization 0.9): 79.25 x 0.9 - 21.5 GiB KV ("Available KV cache memory") - 48.07 GiB checkpoint =
+# 1.76 GiB at max_num_batched_tokens 2048, max_num_seqs 256.
 RUNTIME_BASE_GIB = 1.42
 ACTIVATION_BUFFERS = 8  # live [tokens x hidden] bf16 buffers at the profile run's peak
 # CUDA-graph memory vLLM measures and takes out of the KV budget (since 0.20.0, unless --enforce-eager).

@@ -31,17 +31,17 @@ CHAT_TEMPLATE_URL = (
 )
 STATE_DIR = "/var/lib/gemmaserve"
 HF_HOME = f"{STATE_DIR}/hf"
-# Compile caches live in RAM (/dev/shm) so restarts skip compilation (seed 04: 24 min -> < 10 s);
+# Compile caches live in RAM (/dev/shm) so restarts skip compilation (24 min -> < 10 s on v6e-4: https://dev.to/gde/gemma-4-26b-on-v6e-4-turbo-stable-benchmark-7pn);
 # the caches role restores them from disk before replicas start.
 SHM_CACHE_ROOT = "/dev/shm/gemmaserve"
-# Seed 04 "Turbo-Stable": 512-token padding gap removes the 132 s latency spikes on v6e.
+# The same write-up's "Turbo-Stable" 512-token padding gap removed 132 s latency spikes on v6e.
 TPU_BUCKET_PADDING_GAP = 512
-# Seeds 03/04 run TPUs with a 4096-token prefill budget.
+# Both public v6e-4 write-ups run a 4096-token prefill budget (https://dev.to/gde/debugging-deployments-with-gemma-2b-tpu-v6e-4-mcp-and-antigravity-cli-539h).
 TPU_MAX_NUM_BATCHED_TOKENS = 4096
-# Seed 02: a replica whose weights take more than half a device leaves too little KV headroom for
+# A replica whose weights take more than half a device leaves too little KV headroom for (https://www.callstack.com/blog/optimizing-self-hosted-gemma-for-production-inference)
 # production concurrency; go one TP step wider (31B on 96 GB -> TP2).
 WEIGHTS_HEADROOM_FRACTION = 0.5
-# Objective -> (TP floor, max_num_seqs), from seed 01's throughput/latency tuning table.
+# Objective -> (TP floor, max_num_seqs), from the throughput/latency tuning table of https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html.
 OBJECTIVES = {"throughput": (1, 256), "balanced": (2, 128), "latency": (4, 16)}
 # Gemma 4's largest multimodal item in tokens, the floor vLLM >= 0.22 raises a default
 # max_num_batched_tokens to (EngineArgs._get_min_mm_batched_tokens over Gemma4ProcessingInfo's
@@ -113,10 +113,20 @@ class ReplicaPlan:
     env: dict[str, str]
     capacity: Capacity
     cache_key: str
+    # Where the host itself reaches the replica: its bind address, or loopback when it binds all of them.
+    address: str
 
     @property
     def unit(self) -> str:
         return f"vllm@{self.index}.service"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"{self.url}/health"
 
 
 @dataclass
@@ -124,7 +134,7 @@ class Plan:
     spec: Spec
     model: ModelInfo
     accelerator: Accelerator
-    engine: EnginePlan | None = None
+    engine: EnginePlan
     replicas: list[ReplicaPlan] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
@@ -340,7 +350,7 @@ def _size(spec: Spec, tp: int, kv_dtype: str, max_model_len: int, available_kv_g
 def _tp_candidates(spec: Spec) -> list[int]:
     acc, count = spec.accelerator_info, spec.accelerator.count
     if acc.is_tpu:
-        return [count]  # seed 03: TP must match the chip topology
+        return [count]  # tpu-inference shards the model over every chip of the slice
     if acc.is_cpu:
         return [1]
     if spec.serving.tensor_parallel_size != "auto":
@@ -398,7 +408,7 @@ def _fixes(spec: Spec, sizings: list[_Sizing], kv_dtype: str, available_kv_gib: 
 def _limits(spec: Spec, warnings: list[str]) -> dict[str, int]:
     model, wl = spec.model_info, spec.workload
     if wl.text_only:
-        # Seed 01/02: text-only means image=0,audio=0 (skips multimodal profiling).
+        # vLLM's Gemma 4 recipe: text-only means image=0,audio=0 (skips multimodal profiling).
         return {"image": 0, "audio": 0}
     limits = {"image": wl.limit_mm_per_prompt.image if "image" in model.modalities else 0}
     audio = wl.limit_mm_per_prompt.audio
@@ -406,7 +416,7 @@ def _limits(spec: Spec, warnings: list[str]) -> dict[str, int]:
         limits["audio"] = 1 if audio is None else audio
     else:
         if audio:
-            # Seed 01's full-featured example asks for audio on 31B; seed 02 says 31B has none.
+            # The recipe's full-featured example asks for audio on 31B; the 31B checkpoint has no audio encoder.
             warnings.append(f"audio={audio} dropped: {model.hf_id} has no audio encoder (audio is E2B/E4B only)")
         limits["audio"] = 0
     if wl.limit_mm_per_prompt.video is not None:
@@ -417,7 +427,7 @@ def _limits(spec: Spec, warnings: list[str]) -> dict[str, int]:
 def _async_scheduling(spec: Spec, warnings: list[str]) -> bool:
     acc, method = spec.accelerator_info, spec.workload.speculative.method
     if not acc.is_gpu:
-        return False  # the TPU and CPU engines schedule on their own; seeds 03/04 do not pass it
+        return False  # the TPU and CPU engines schedule on their own; the public TPU setups do not pass it
     if method == "ngram":
         # vLLM's VllmConfig raises "async scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU"
         # when --async-scheduling is combined with CPU ngram drafting.
@@ -494,7 +504,7 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
     if wl.vision_token_budget is not None and limits.get("image"):
         argv += ["--mm-processor-kwargs", _json({"max_soft_tokens": wl.vision_token_budget})]
         if wl.vision_token_budget > 280:
-            # Seed 01: the vision tower allocates for its default output length (280); a larger
+            # vLLM's Gemma 4 recipe: the vision tower allocates for its default output length (280); a larger
             # budget needs the tower sized for it too.
             overrides = {
                 "vision_config": {"default_output_length": wl.vision_token_budget},
@@ -502,7 +512,7 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
             }
             argv += ["--hf-overrides", _json(overrides)]
     if acc.is_tpu:
-        # Seeds 03/04: chunked multimodal input is numerically unstable on the XLA backend.
+        # The public v6e setups disable chunked multimodal input: it is numerically unstable on XLA.
         argv.append("--disable-chunked-mm-input")
     if async_scheduling:
         argv.append("--async-scheduling")
@@ -543,6 +553,11 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
     return env
 
 
+def local_address(bind_address: str) -> str:
+    """The address a process on the host uses to reach a server bound to `bind_address`."""
+    return "127.0.0.1" if bind_address == "0.0.0.0" else bind_address
+
+
 def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     """Turn a validated spec into replicas. Refusals (not exceptions) report configs that cannot serve."""
     model, acc = spec.model_info, spec.accelerator_info
@@ -578,7 +593,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
         )
     if acc.is_gpu and acc.interconnect == "pcie" and tp > 2:
         result.warnings.append(
-            f"TP{tp} over PCIe adds synchronisation overhead; seed 02 prefers TP2 replicas unless long context needs more"
+            f"TP{tp} over PCIe adds synchronisation overhead; Callstack's 8-GPU measurements favour TP2 replicas unless long context needs more"
         )
     if acc.is_cpu and replicas > 1 and spec.workload.cpu_threads_bind == "auto":
         result.warnings.append(
@@ -613,6 +628,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
                 env=_env(spec, index, devices, key),
                 capacity=capacity,
                 cache_key=key,
+                address=local_address(spec.serving.bind_address),
             )
         )
     return result

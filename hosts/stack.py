@@ -2,10 +2,10 @@
 
     GEMMASERVE_STACK=tpu-v6e4 pyinfra hosts/stack.py deploy.py
 
-Host records come from `pulumi stack output hosts --json --stack STACK`, or, offline, from the JSON
-file in GEMMASERVE_HOSTS_JSON (the same output saved earlier). Hosts have no public IP: run from a
-machine on the VPC, or set GEMMASERVE_SSH_PROXY to an ssh ProxyCommand (for example an IAP tunnel:
-`gcloud compute start-iap-tunnel %h 22 --listen-on-stdin --zone ZONE`).
+Host records (gemmaserve.records.HostRecord) come from `pulumi stack output hosts --json --stack STACK`,
+or, offline, from the JSON file in GEMMASERVE_HOSTS_JSON (the same output saved earlier). Hosts have no
+public IP: run from a machine on the VPC, or set GEMMASERVE_SSH_PROXY to an ssh ProxyCommand (for
+example an IAP tunnel: `gcloud compute start-iap-tunnel %h 22 --listen-on-stdin --zone ZONE`).
 """
 
 import json
@@ -13,7 +13,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from gemmaserve.stack import SPEC_KEYS, read_stack_config
+from gemmaserve.records import parse_host_records
+from gemmaserve.sources import stack_host_data
 
 STACK = os.environ.get("GEMMASERVE_STACK")
 if not STACK:
@@ -22,10 +23,10 @@ if not STACK:
 PROJECT = Path(__file__).resolve().parents[1]
 
 
-def _records() -> list[dict]:
+def _records():
     saved = os.environ.get("GEMMASERVE_HOSTS_JSON")
     if saved:
-        return json.loads(Path(saved).read_text())
+        return parse_host_records(json.loads(Path(saved).read_text()), saved)
     output = subprocess.run(
         ["pulumi", "stack", "output", "hosts", "--json", "--stack", STACK],
         cwd=PROJECT,
@@ -33,23 +34,19 @@ def _records() -> list[dict]:
         text=True,
         check=True,
     ).stdout
-    return json.loads(output)
+    return parse_host_records(json.loads(output), f"stack {STACK} output hosts")
 
 
-_spec_data = {f"gemmaserve_{k}": v for k, v in read_stack_config(STACK, PROJECT).items() if k in SPEC_KEYS}
+_spec_data = stack_host_data(STACK, PROJECT)
 _proxy = os.environ.get("GEMMASERVE_SSH_PROXY")
 
 serving = [
     (
-        record["name"],
+        record.name,
         {
-            "ssh_hostname": record.get("internal_ip") or record["name"],
-            **({"ssh_user": record["ssh_user"]} if record.get("ssh_user") else {}),
-            **(
-                {"ssh_proxy_command": _proxy.replace("%h", record["name"]).replace("ZONE", record.get("zone", ""))}
-                if _proxy
-                else {}
-            ),
+            "ssh_hostname": record.address,
+            **({"ssh_user": record.ssh_user} if record.ssh_user else {}),
+            **({"ssh_proxy_command": _proxy.replace("%h", record.name).replace("ZONE", record.zone)} if _proxy else {}),
             "_sudo": True,
             **_spec_data,
         },

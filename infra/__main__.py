@@ -103,9 +103,6 @@ else:
             GpuVmArgs(
                 zone=zone,
                 machine_type=machine.name,
-                bundles_accelerators=machine.bundles_accelerators,
-                accelerator_type=None,
-                accelerator_count=machine.count,
                 subnetwork=network.subnets[settings.region].id,
                 service_account=identity.email,
                 boot_image=cloud.boot_image,

@@ -8,19 +8,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gemmaserve.catalog import GcpMachineType, TpuType
 from gemmaserve.plan import Plan, plan
-from gemmaserve.spec import Spec, SpecError, validate_model
-from gemmaserve.stack import NAMESPACE, SPEC_KEYS, spec_from_config
+from gemmaserve.sources import NAMESPACE, SPEC_KEYS, spec_from_config
+from gemmaserve.spec import Spec, SpecError, Strict, validate_model
 
 # Google's documented ranges: IAP TCP forwarding (SSH without public IPs) and the load balancer
 # health-check probers (cloud.google.com/load-balancing/docs/health-check-concepts).
 IAP_RANGE = "35.235.240.0/20"
 HEALTH_CHECK_RANGES = ("130.211.0.0/22", "35.191.0.0/16")
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
-# Flex-start capacity is granted for at most 7 days (TPU and Compute Engine docs; seed 03).
+# Flex-start capacity is granted for at most 7 days (cloud.google.com/tpu/docs/flex-start and compute/docs/instances/flex-start-vms).
 FLEX_START_MAX = timedelta(days=7)
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
@@ -42,12 +42,7 @@ def parse_duration(value: str) -> timedelta:
     return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
 
 
-class _Strict(BaseModel):
-    # As in gemmaserve.spec: a typo (`max_run_duraton`) is an error, not a silently ignored key.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class WeightsDisk(_Strict):
+class WeightsDisk(Strict):
     """Where weights and compile caches live: local NVMe SSD (fast, lost on stop) or a persistent disk."""
 
     type: Literal["pd-balanced", "pd-ssd", "hyperdisk-balanced", "local-ssd", "none"] = "pd-balanced"
@@ -55,7 +50,7 @@ class WeightsDisk(_Strict):
     local_ssd_count: int = Field(1, ge=1, le=32, description="375 GB NVMe partitions when type is local-ssd.")
 
 
-class Network(_Strict):
+class Network(Strict):
     cidr: str = Field("10.42.0.0/16", description="VPC range; each region gets one /20, the LB proxy subnet the last.")
 
     @field_validator("cidr")
@@ -70,7 +65,7 @@ class Network(_Strict):
         return value
 
 
-class ServingImage(_Strict):
+class ServingImage(Strict):
     """The Artifact Registry repository, and optionally a pinned serving image built into it."""
 
     repository: str = Field("gemmaserve", description="Artifact Registry repository id.")
@@ -84,7 +79,7 @@ class ServingImage(_Strict):
         return value
 
 
-class Cloud(_Strict):
+class Cloud(Strict):
     """`gemmaserve:cloud`: where and how capacity is bought. Defaults are the safe choice."""
 
     zones: tuple[str, ...] = Field(
@@ -118,7 +113,7 @@ class Cloud(_Strict):
         "automatic", description="'automatic' or a list of regions for user-managed replication."
     )
     image: ServingImage = ServingImage()
-    protect: bool = Field(True, description="Protect TPU queued resources from `pulumi destroy` (seed 03).")
+    protect: bool = Field(True, description="Protect TPU queued resources from `pulumi destroy`.")
 
     @field_validator("zones")
     @classmethod
@@ -357,8 +352,3 @@ def read_hf_token():
     import pulumi
 
     return pulumi.Config(NAMESPACE).get_secret("hfToken")
-
-
-def read_spec() -> Spec:
-    """Kept for callers of the first program: the validated spec alone."""
-    return read_settings().spec

@@ -15,10 +15,7 @@ PROVISIONING_MODEL = {"standard": "STANDARD", "reserved": "STANDARD", "spot": "S
 class GpuVmArgs:
     zone: str
     machine_type: str
-    # a2/a3/a4/g2/g4 machine types carry their GPUs: declaring guest_accelerators is an API error.
-    bundles_accelerators: bool
-    accelerator_type: str | None
-    accelerator_count: int
+    # Every catalog machine type (a2/a3/a4/g2/g4) carries its GPUs: no guest_accelerators are declared.
     subnetwork: pulumi.Input[str]
     service_account: pulumi.Input[str]
     boot_image: str
@@ -85,11 +82,6 @@ class GpuVm(pulumi.ComponentResource):
                 opts=child,
             )
             attached = [gcp.compute.InstanceAttachedDiskArgs(source=disk.id, device_name="weights")]
-        accelerators = None
-        if not args.bundles_accelerators:
-            accelerators = [
-                gcp.compute.InstanceGuestAcceleratorArgs(type=args.accelerator_type, count=args.accelerator_count)
-            ]
         self.instance = gcp.compute.Instance(
             f"{name}",
             zone=args.zone,
@@ -101,7 +93,6 @@ class GpuVm(pulumi.ComponentResource):
             ),
             attached_disks=attached,
             scratch_disks=scratch,
-            guest_accelerators=accelerators,
             network_interfaces=[
                 gcp.compute.InstanceNetworkInterfaceArgs(
                     subnetwork=args.subnetwork,

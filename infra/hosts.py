@@ -1,4 +1,4 @@
-"""The `hosts` output: plain records (like SkyPilot's InstanceInfo) that the inventories in hosts/ read."""
+"""The `hosts` output: one typed HostRecord per serving host (gemmaserve.records), read back by hosts/stack.py."""
 
 from __future__ import annotations
 
@@ -7,14 +7,7 @@ from typing import Any
 import pulumi
 
 from gemmaserve.plan import Plan
-
-
-def replica_plan(serving_plan: Plan) -> list[dict[str, Any]]:
-    """Which devices and port each replica gets: enough for an inventory; the full argv is in `plan`."""
-    return [
-        {"index": r.index, "devices": r.devices, "tensor_parallel_size": r.tensor_parallel_size, "port": r.port}
-        for r in serving_plan.replicas
-    ]
+from gemmaserve.records import HostRecord
 
 
 def host_record(
@@ -27,19 +20,16 @@ def host_record(
     instance_type: str,
     serving_plan: Plan,
 ) -> pulumi.Output[dict[str, Any]]:
-    accelerator = {"kind": serving_plan.accelerator.name, "count": serving_plan.spec.accelerator.count}
+    """The record as the stack exports it (JSON); validated by the same model that reads it back."""
     return pulumi.Output.all(name, internal_ip, external_ip, zone).apply(
-        lambda v: {
-            "name": v[0],
-            "internal_ip": v[1],
-            "external_ip": v[2],
-            "zone": v[3],
-            "ssh_user": ssh_user,
-            # tpu-vm (reach over `gcloud compute tpus tpu-vm ssh --tunnel-through-iap`) or gce-vm (IAP SSH).
-            "kind": kind,
-            "instance_type": instance_type,
-            "accelerator": accelerator,
-            "router_port": serving_plan.router_port,
-            "replicas": replica_plan(serving_plan),
-        }
+        lambda v: HostRecord.for_plan(
+            serving_plan,
+            name=v[0],
+            internal_ip=v[1],
+            external_ip=v[2],
+            zone=v[3],
+            ssh_user=ssh_user,
+            kind=kind,
+            instance_type=instance_type,
+        ).model_dump(mode="json")
     )

@@ -28,7 +28,7 @@ class TpuSliceArgs:
     labels: dict[str, str] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
-    # Seed 03: "Never destroy active queued resources": a replacement can take hours to provision.
+    # Never destroy active queued resources by accident: a replacement can take hours to provision.
     protect: bool = True
 
 

@@ -112,7 +112,7 @@ def check_flex_start_duration(resource_type: str, props: Mapping[str, Any]) -> l
 
 
 def check_queued_resource_protected(resource_type: str, props: Mapping[str, Any], protect: bool) -> list[str]:
-    """Seed 03: never destroy an active queued resource by accident."""
+    """Never destroy an active queued resource by accident: a replacement can take hours to provision."""
     if is_queued_resource(resource_type, props) and not protect:
         return ["TPU queued resource is not protected (ResourceOptions(protect=True))"]
     return []

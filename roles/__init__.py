@@ -1,1 +1,17 @@
-"""pyinfra roles: each package exposes one @deploy that turns plan values into host state."""
+"""pyinfra roles: each package exposes one @deploy that turns plan values into host state, and the
+Settings model its host-data keys (`<role>_*`) validate into."""
+
+from __future__ import annotations
+
+
+def _settings() -> tuple:
+    from roles import base, caches, monitoring, nvidia, replicas, rocm, router, secrets, tpu, vllm
+
+    return tuple(m.Settings for m in (base, nvidia, rocm, tpu, vllm, secrets, caches, router, replicas, monitoring))
+
+
+def __getattr__(name: str):
+    # Lazy: importing one role (roles.router) must not import them all.
+    if name == "ROLE_SETTINGS":
+        return _settings()
+    raise AttributeError(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gemmaserve.sandbox.hosts import HostStatus, down, status, up, up_hosts
+    from gemmaserve.sandbox.lifecycle import HostStatus, down, status, up, up_hosts
 
 __all__ = ["HostStatus", "down", "status", "up", "up_hosts"]
 
@@ -13,7 +13,7 @@ __all__ = ["HostStatus", "down", "status", "up", "up_hosts"]
 def __getattr__(name: str) -> Any:
     # Lazy, so importing gemmaserve.sandbox.cli for `--help` pulls in nothing heavy.
     if name in __all__:
-        from gemmaserve.sandbox import hosts
+        from gemmaserve.sandbox import lifecycle
 
-        return getattr(hosts, name)
+        return getattr(lifecycle, name)
     raise AttributeError(name)

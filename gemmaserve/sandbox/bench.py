@@ -4,15 +4,13 @@ pyinfra deploy, no-op redeploy, time to first token after a cold and a warm repl
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
-from gemmaserve.sandbox import hosts, rootfs, state
+from gemmaserve.sandbox import lifecycle, machine, rootfs, state
 
 Log = Callable[[str], None]
 
@@ -35,20 +33,20 @@ def measure(cold: bool = False, log: Log = print) -> dict[str, float]:
     started = time.monotonic()
     rootfs.unpack_rootfs(tarball, scratch)
     figures["rootfs_unpack_cached_s"] = time.monotonic() - started
-    hosts.remove_tree(scratch)
+    machine.remove_tree(scratch)
 
     [index] = state.free_indices(1)
-    [host] = hosts.up_hosts([index], log=log)
+    [host] = lifecycle.up_hosts([index], log=log)
     try:
-        timings = hosts.UP_TIMINGS[host.name]
+        timings = host.boot_timings
         figures["host_rootfs_ready_s"] = timings["rootfs_s"]
         figures["host_boot_to_ssh_s"] = timings["boot_s"]
         figures["host_up_s"] = timings["up_s"]
         time.sleep(5)  # let boot-time jobs finish before reading the idle footprint
-        figures["host_idle_rss_mb"] = hosts.host_rss_bytes(host) / 2**20
+        figures["host_idle_rss_mb"] = machine.host_rss_bytes(host) / 2**20
     finally:
         started = time.monotonic()
-        hosts.down([host.name], log=log)
+        lifecycle.down([host.name], log=log)
         figures["host_down_s"] = time.monotonic() - started
     return figures
 
@@ -58,12 +56,12 @@ def _first_token_after(host: state.Host, restart: str, log: Log, timeout: float 
     import json
     import urllib.request
 
-    from gemmaserve.endpoint import EndpointError, get_json, request
+    from gemmaserve.ops.endpoint import EndpointError, get_json, request
 
     base = f"http://{host.address}:8080/v1"
     model = get_json(f"{base}/models")["data"][0]["id"]
     started = time.monotonic()
-    hosts.in_host(host, "/bin/sh", "-c", restart, timeout=120)
+    machine.in_host(host, "/bin/sh", "-c", restart, timeout=120)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     payload = json.dumps(
         {"model": model, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
@@ -98,25 +96,14 @@ def _busy_cpu_s() -> float:
 
 def _pyinfra(names: list[str], data: Path | None = None) -> tuple[float, float]:
     """Deploy deploy.py to the named sandbox hosts in one pyinfra run: (wall seconds, busy CPU seconds)."""
-    from gemmaserve.demo import REPO
+    from gemmaserve.ops import fleet
     from gemmaserve.sandbox.profile import OVERRIDE_ENV
 
-    env = {k: v for k, v in os.environ.items() if k != OVERRIDE_ENV}
-    if data:
-        env[OVERRIDE_ENV] = str(data)
-    limits = [arg for name in names for arg in ("--limit", name)]
-    cpu, started = _busy_cpu_s(), time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "pyinfra", "-y", *limits, "hosts/sandbox.py", "deploy.py"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    if result.returncode:
-        raise RuntimeError(f"deploy to {names} failed:\n" + result.stdout[-3000:])
-    return time.monotonic() - started, _busy_cpu_s() - cpu
+    cpu = _busy_cpu_s()
+    run = fleet.run_pyinfra(limit=names, env={OVERRIDE_ENV: str(data) if data else None})
+    if not run.ok:
+        raise RuntimeError(f"deploy to {names} failed:\n" + run.output[-3000:])
+    return run.seconds, _busy_cpu_s() - cpu
 
 
 COLD = "systemctl stop vllm@0 && rm -rf /dev/shm/gemmaserve/* && systemctl start vllm@0"
@@ -130,14 +117,14 @@ def measure_deploy(log: Log = print) -> dict[str, float]:
     and after redeploying with torch.compile on, where the compile cache on /dev/shm is what a warm
     restart reuses and a cold one (caches wiped, as after a reboot with nothing restored) rebuilds.
     """
-    from gemmaserve.demo import ensure_engine_and_model
+    from gemmaserve.sandbox.demo import ensure_engine_and_model
     from gemmaserve.sandbox.profile import DEFAULT_DATA
 
     ensure_engine_and_model()
     figures: dict[str, float] = {}
     [index] = state.free_indices(1)
     started = time.monotonic()
-    [host] = hosts.up_hosts([index], log=log)
+    [host] = lifecycle.up_hosts([index], log=log)
     figures["host_up_s"] = time.monotonic() - started
     compiled = rootfs.CACHE_DIR / "bench-compiled.yaml"
     compiled.write_text(
@@ -159,7 +146,7 @@ def measure_deploy(log: Log = print) -> dict[str, float]:
             log(f"{mode}: first token {cold:.1f} s after a cold restart, {warm:.1f} s after a warm one")
     finally:
         compiled.unlink(missing_ok=True)
-        hosts.down([host.name], log=log)
+        lifecycle.down([host.name], log=log)
     return figures
 
 
@@ -169,11 +156,11 @@ def measure_fleet(size: int = 4, log: Log = print) -> dict[str, float]:
     Sandbox hosts share this machine's cores, so the figures include the CPU floor: the busy CPU
     seconds the run used divided by the cores; no orchestration can finish below it here.
     """
-    from gemmaserve.demo import ensure_engine_and_model
+    from gemmaserve.sandbox.demo import ensure_engine_and_model
 
     ensure_engine_and_model()
     indices = state.free_indices(size + 1)
-    hosts.up_hosts(indices, log=log)
+    lifecycle.up_hosts(indices, log=log)
     names = [state.host_name(i) for i in indices]
     cores = os.cpu_count() or 1
     figures: dict[str, float] = {"cores": cores}
@@ -189,7 +176,7 @@ def measure_fleet(size: int = 4, log: Log = print) -> dict[str, float]:
             figures["deploy_1_host_s"], figures[f"deploy_{size}_hosts_cpu_floor_s"]
         )
     finally:
-        hosts.down(names, log=log)
+        lifecycle.down(names, log=log)
     return figures
 
 

@@ -34,7 +34,7 @@ def up(
     ),
 ) -> None:
     """Boot sandbox hosts (idempotent: running hosts are kept, dead ones restarted)."""
-    from gemmaserve.sandbox import hosts as lifecycle
+    from gemmaserve.sandbox import lifecycle
 
     try:
         lifecycle.up(hosts, bind_ro=bind_ro or [], log=_console_log())
@@ -46,7 +46,7 @@ def up(
 @sandbox_app.command()
 def down() -> None:
     """Stop every sandbox host and remove its netns, veth, cgroups, files and the NAT table."""
-    from gemmaserve.sandbox import hosts as lifecycle
+    from gemmaserve.sandbox import lifecycle
 
     try:
         lifecycle.down(log=_console_log())
@@ -57,7 +57,7 @@ def down() -> None:
 @sandbox_app.command()
 def status(as_json: bool = typer.Option(False, "--json", help='Machine-readable: {"hosts": [...]}.')) -> None:
     """List sandbox hosts; endpoint is set once the host's load balancer answers /health."""
-    from gemmaserve.sandbox import hosts as lifecycle
+    from gemmaserve.sandbox import lifecycle
 
     records = lifecycle.status()
     if as_json:
@@ -110,10 +110,10 @@ def ssh(ctx: typer.Context, name: str = typer.Argument(..., help="Host name, e.g
 @sandbox_app.command()
 def reboot(name: str = typer.Argument(..., help="Host name, e.g. sandbox-1.")) -> None:
     """Reboot a host: a clean shutdown inside, then the same rootfs boots again."""
-    from gemmaserve.sandbox import hosts
+    from gemmaserve.sandbox import lifecycle
 
     try:
-        hosts.reboot(name, log=_console_log())
+        lifecycle.reboot(name, log=_console_log())
     except RuntimeError as error:
         _fail(error)
 

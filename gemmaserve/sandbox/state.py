@@ -35,6 +35,8 @@ class Host:
     pid: int | None = None  # systemd-nspawn, started by us
     cgroups: list[str] = field(default_factory=list)
     bind_ro: list[str] = field(default_factory=list)
+    # Seconds each phase of this host's last `up` took: rootfs_s, boot_s, up_s (for the benchmark).
+    boot_timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def rootfs(self) -> Path:

@@ -10,69 +10,89 @@ from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
 from gemmaserve.plan import SHM_CACHE_ROOT, STATE_DIR, Plan
-from roles.batch import Snapshot, render
-from roles.vllm import LIB_DIR, PACKAGE_DIR
+from roles._lib.facts import HostState
+from roles._lib.managed import managed_directory, managed_file, managed_service
+from roles._lib.programs import installed_path, program_source
+from roles._lib.render import render
+from roles._lib.settings import RoleSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
 DISK_ROOT = f"{STATE_DIR}/compile-cache"
 RESTORE_UNIT = "gemmaserve-cache-restore.service"
+UNITS = (RESTORE_UNIT, "gemmaserve-cache-save.service", "gemmaserve-cache-save.timer")
+TMPFILES_CONF = "/etc/tmpfiles.d/gemmaserve.conf"
 
-DEFAULTS = {
+
+class Settings(RoleSettings):
+    prefix = "cache_"
     # /dev/shm is RAM: keep the caches well below what the model and KV cache need.
-    "cache_max_gib": 8,
-    "cache_save_interval": "30min",
-    "cache_gcs_uri": None,  # gs://bucket/prefix to mirror saved caches to (needs gcloud on the host)
-    "cache_save_timeout": 300,
-}
+    max_gib: float = 8
+    save_interval: str = "30min"
+    # gs://bucket/prefix to mirror saved caches to (needs gcloud on the host).
+    gcs_uri: str | None = None
+    save_timeout: int = 300
 
 
-def cache_args(serving: Plan) -> str:
+def cache_args(serving: Plan, settings: Settings) -> str:
     keys = sorted({r.cache_key for r in serving.replicas})
-    args = f"--keys {' '.join(keys)} --shm {SHM_CACHE_ROOT} --disk {DISK_ROOT} --max-gib {host.data.cache_max_gib}"
-    if host.data.cache_gcs_uri:
-        args += f" --gcs {host.data.cache_gcs_uri}"
+    args = f"--keys {' '.join(keys)} --shm {SHM_CACHE_ROOT} --disk {DISK_ROOT} --max-gib {settings.max_gib:g}"
+    if settings.gcs_uri:
+        args += f" --gcs {settings.gcs_uri}"
     return args
 
 
-@deploy("Keep compile caches across restarts", data_defaults=DEFAULTS)
+@deploy("Keep compile caches across restarts", data_defaults=Settings.defaults())
 def caches(serving: Plan) -> None:
-    tmpfiles_conf, script = "/etc/tmpfiles.d/gemmaserve.conf", f"{LIB_DIR}/compile_cache.py"
-    units = (RESTORE_UNIT, "gemmaserve-cache-save.service", "gemmaserve-cache-save.timer")
-    now = Snapshot(
-        paths=[tmpfiles_conf, DISK_ROOT, script, *(f"/etc/systemd/system/{u}" for u in units)],
+    settings = Settings.from_host(host)
+    script = installed_path("compile_cache.py")
+    unit_paths = {unit: f"/etc/systemd/system/{unit}" for unit in UNITS}
+    now = HostState(
+        host,
+        paths=[TMPFILES_CONF, DISK_ROOT, script, *unit_paths.values()],
         units=[RESTORE_UNIT, "gemmaserve-cache-save.timer"],
     )
-    tmpfiles = now.put(
+    tmpfiles = managed_file(
         name="Create the /dev/shm cache root at every boot (tmpfiles.d)",
-        dest=tmpfiles_conf,
+        dest=TMPFILES_CONF,
         content=f"d {SHM_CACHE_ROOT} 0750 gemmaserve gemmaserve -\n",
+        current=now.path(TMPFILES_CONF),
     )
     server.shell(
         name="Create the /dev/shm cache root now",
-        commands=[f"systemd-tmpfiles --create {tmpfiles_conf}"],
+        commands=[f"systemd-tmpfiles --create {TMPFILES_CONF}"],
         _if=tmpfiles.did_change,
     )
-    now.directory(name=f"Create {DISK_ROOT}", path=DISK_ROOT, user="root", group="root", mode="0750")
-    now.put(name="Install the compile cache tool", content=PACKAGE_DIR / "compile_cache.py", dest=script)
+    managed_directory(name=f"Create {DISK_ROOT}", path=DISK_ROOT, current=now.path(DISK_ROOT), mode="0750")
+    managed_file(
+        name="Install the compile cache tool",
+        dest=script,
+        content=program_source("caches", "compile_cache.py"),
+        current=now.path(script),
+    )
     context = {
         "script": script,
-        "args": cache_args(serving),
+        "args": cache_args(serving, settings),
         "disk": DISK_ROOT,
         "shm": SHM_CACHE_ROOT,
-        "save_timeout": host.data.cache_save_timeout,
-        "interval": host.data.cache_save_interval,
+        "save_timeout": settings.save_timeout,
+        "interval": settings.save_interval,
     }
     rendered = [
-        now.put(
+        managed_file(
             name=f"Install {unit}",
+            dest=path,
             content=render(TEMPLATES / f"{unit}.j2", **context),
-            dest=f"/etc/systemd/system/{unit}",
+            current=now.path(path),
         )
-        for unit in units
+        for unit, path in unit_paths.items()
     ]
     systemd.daemon_reload(
         name="Reload systemd units for the caches", _if=lambda: any(op.did_change() for op in rendered)
     )
     # Restarting the restore unit would save then restore: harmless, and it picks up new keys.
-    now.service(name=f"Run {RESTORE_UNIT}", service=RESTORE_UNIT, enabled=True, running=True)
-    now.service(name="Save caches periodically", service="gemmaserve-cache-save.timer", enabled=True, running=True)
+    managed_service(name=f"Run {RESTORE_UNIT}", service=RESTORE_UNIT, current=now.unit(RESTORE_UNIT))
+    managed_service(
+        name="Save caches periodically",
+        service="gemmaserve-cache-save.timer",
+        current=now.unit("gemmaserve-cache-save.timer"),
+    )

@@ -1,17 +1,21 @@
-"""Monitoring: Prometheus scraping every replica's /metrics and HAProxy's exporter, with the seed 03 alerts."""
+"""Monitoring: Prometheus scraping every replica's /metrics and HAProxy's exporter, with alerts on a full
+KV cache, queued requests and replicas out of rotation."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
 from gemmaserve.plan import Plan
-from roles.batch import Snapshot, packages, render
+from roles._lib.apt import install_packages
+from roles._lib.facts import HostState
+from roles._lib.managed import managed_directory, managed_file, managed_service
+from roles._lib.render import render
+from roles._lib.settings import RoleSettings
+from roles.router import Settings as RouterSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
 CONFIG = "/etc/prometheus/prometheus.yml"
@@ -19,91 +23,98 @@ RULES_DIR = "/etc/prometheus/rules.d"
 RULES = f"{RULES_DIR}/gemmaserve.yml"
 # Debian's prometheus.service runs `/usr/bin/prometheus $ARGS` with ARGS from here.
 ARGS_FILE = "/etc/default/prometheus"
-# roles/router's default; read from its data key when set.
-HAPROXY_STATS_PORT = 8404
 
-DEFAULTS = {
-    "monitoring_listen": "127.0.0.1:9090",
+
+class Settings(RoleSettings):
+    prefix = "monitoring_"
+    listen: str = "127.0.0.1:9090"
     # Fine enough that the 30 s queue alert sees several samples.
-    "monitoring_scrape_interval": "5s",
-    "monitoring_retention": "15d",
-    "monitoring_kv_cache_threshold": 0.85,
-    "monitoring_queue_for": "30s",
-    "monitoring_down_for": "1m",
-}
-
-
-def _setting(settings: Mapping[str, Any], key: str) -> Any:
-    value = settings.get(key)
-    return DEFAULTS[key] if value is None else value
+    scrape_interval: str = "5s"
+    retention: str = "15d"
+    # vLLM preempts (recomputes) requests when its KV cache runs full; warn before that.
+    kv_cache_threshold: float = 0.85
+    queue_for: str = "30s"
+    down_for: str = "1m"
 
 
 def prometheus_config(
     serving: Plan,
-    settings: Mapping[str, Any] = DEFAULTS,
+    settings: Settings = Settings(),
+    router: RouterSettings = RouterSettings(),
     host_name: str = "localhost",
     rules_glob: str = f"{RULES_DIR}/*.yml",
 ) -> str:
     """prometheus.yml for this host's plan: one vllm target per replica plus HAProxy's exporter."""
-    address = serving.spec.serving.bind_address
     return render(
         TEMPLATES / "prometheus.yml.j2",
         replicas=serving.replicas,
         host_name=host_name,
         rules_glob=rules_glob,
-        address="127.0.0.1" if address == "0.0.0.0" else address,
-        scrape_interval=_setting(settings, "monitoring_scrape_interval"),
-        listen=_setting(settings, "monitoring_listen"),
-        haproxy_stats_port=settings.get("router_stats_port") or HAPROXY_STATS_PORT,
+        scrape_interval=settings.scrape_interval,
+        listen=settings.listen,
+        haproxy_stats_port=router.stats_port,
     )
 
 
-def alert_rules(serving: Plan, settings: Mapping[str, Any] = DEFAULTS) -> str:
-    """The alert rules: KV cache > 85%, requests waiting for 30 s, a replica down (seed 03)."""
+def alert_rules(serving: Plan, settings: Settings = Settings()) -> str:
+    """The alert rules: KV cache past the threshold, requests waiting, a replica down or out of rotation."""
     return render(
         TEMPLATES / "gemmaserve.rules.yml.j2",
         replicas=serving.replicas,
-        kv_cache_threshold=_setting(settings, "monitoring_kv_cache_threshold"),
-        queue_for=_setting(settings, "monitoring_queue_for"),
-        down_for=_setting(settings, "monitoring_down_for"),
+        kv_cache_threshold=settings.kv_cache_threshold,
+        queue_for=settings.queue_for,
+        down_for=settings.down_for,
     )
 
 
-def prometheus_args(settings: Mapping[str, Any] = DEFAULTS) -> str:
+def prometheus_args(settings: Settings = Settings()) -> str:
     return (
-        f'ARGS="--config.file={CONFIG} --web.listen-address={_setting(settings, "monitoring_listen")}'
-        f' --storage.tsdb.retention.time={_setting(settings, "monitoring_retention")}"\n'
+        f'ARGS="--config.file={CONFIG} --web.listen-address={settings.listen}'
+        f' --storage.tsdb.retention.time={settings.retention}"\n'
     )
 
 
-@deploy("Monitor with Prometheus", data_defaults=DEFAULTS)
+@deploy("Monitor with Prometheus", data_defaults=Settings.defaults())
 def monitoring(serving: Plan) -> None:
-    settings = host.data.dict()
+    settings, router = Settings.from_host(host), RouterSettings.from_host(host)
     # Debian's package brings promtool; recommends (node exporter, web assets) are not needed.
-    packages(name="Install Prometheus", packages=["prometheus"])
-    now = Snapshot(
-        paths=[RULES_DIR, f"{RULES}.gemmaserve", f"{CONFIG}.gemmaserve", ARGS_FILE], units=["prometheus.service"]
+    install_packages("Install Prometheus", ["prometheus"])
+    staged_rules_path, staged_config_path = f"{RULES}.gemmaserve", f"{CONFIG}.gemmaserve"
+    now = HostState(
+        host, paths=[RULES_DIR, staged_rules_path, staged_config_path, ARGS_FILE], units=["prometheus.service"]
     )
-    now.directory(name=f"Create {RULES_DIR}", path=RULES_DIR, mode="0755")
+    managed_directory(name=f"Create {RULES_DIR}", path=RULES_DIR, current=now.path(RULES_DIR))
     # Staged next to the live files; `promtool` checks them before they replace the live ones.
-    staged_rules = now.put(
-        name="Render the alert rules", content=alert_rules(serving, settings), dest=f"{RULES}.gemmaserve"
+    staged_rules = managed_file(
+        name="Render the alert rules",
+        dest=staged_rules_path,
+        content=alert_rules(serving, settings),
+        current=now.path(staged_rules_path),
     )
-    staged_config = now.put(
+    staged_config = managed_file(
         name="Render the Prometheus config",
-        content=prometheus_config(serving, settings, host.name),
-        dest=f"{CONFIG}.gemmaserve",
+        dest=staged_config_path,
+        content=prometheus_config(serving, settings, router, host.name),
+        current=now.path(staged_config_path),
     )
-    staged = lambda: staged_rules.did_change() or staged_config.did_change()  # noqa: E731
+
+    def staged() -> bool:
+        return staged_rules.did_change() or staged_config.did_change()
+
     server.shell(
         name="Validate the Prometheus config and rules (promtool) and install them",
         commands=[
-            f"promtool check rules {RULES}.gemmaserve && promtool check config {CONFIG}.gemmaserve"
-            f" && cp {RULES}.gemmaserve {RULES} && cp {CONFIG}.gemmaserve {CONFIG}"
+            f"promtool check rules {staged_rules_path} && promtool check config {staged_config_path}"
+            f" && cp {staged_rules_path} {RULES} && cp {staged_config_path} {CONFIG}"
         ],
         _if=staged,
     )
-    args = now.put(name="Configure Prometheus's flags", content=prometheus_args(settings), dest=ARGS_FILE)
+    args = managed_file(
+        name="Configure Prometheus's flags",
+        dest=ARGS_FILE,
+        content=prometheus_args(settings),
+        current=now.path(ARGS_FILE),
+    )
     systemd.service(
         name="Restart Prometheus for new flags",
         service="prometheus",
@@ -115,4 +126,6 @@ def monitoring(serving: Plan) -> None:
     systemd.service(
         name="Reload Prometheus", service="prometheus", running=True, enabled=True, reloaded=True, _if=staged
     )
-    now.service(name="Keep Prometheus running", service="prometheus.service", running=True, enabled=True)
+    managed_service(
+        name="Keep Prometheus running", service="prometheus.service", current=now.unit("prometheus.service")
+    )

@@ -6,25 +6,29 @@ from __future__ import annotations
 import re
 from io import StringIO
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, deploy, operation
-from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import LinuxDistribution
-from pyinfra.operations import apt, server, systemd
+from pyinfra.operations import apt, systemd
 
 from gemmaserve.plan import Plan
-from roles.base import distro_key
+from roles._lib.apt import APT_GET, installed_version, upstream_version
+from roles._lib.distro import distro_name
+from roles._lib.reboot import allow_reboot, reboot_for
+from roles._lib.settings import RoleSettings
 
-DEFAULTS = {
+
+class Settings(RoleSettings):
+    prefix = "nvidia_"
     # The production branch vLLM's CUDA 12.9/13.0 wheels and images need (>= 575); pinned through apt.
-    "nvidia_driver_branch": 580,
+    driver_branch: int = 580
     # None: open kernel modules (NVIDIA's default since 560, required on Blackwell). False keeps the
     # proprietary modules on pre-Blackwell GPUs only.
-    "nvidia_driver_open": None,
+    driver_open: bool | None = None
     # None: follow gemmaserve_allow_reboot (default False). A reboot is the only way to load a new module.
-    "nvidia_allow_reboot": None,
-}
+    allow_reboot: bool | None = None
+
 
 # NVIDIA's CUDA repositories: https://developer.download.nvidia.com/compute/cuda/repos/<distro>/x86_64/
 CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64"
@@ -36,9 +40,6 @@ OPEN_MODULES_ONLY = {"rtx-pro-6000", "b200"}
 FABRIC_MANAGER = "nvidia-fabricmanager"
 TOOLKIT = "nvidia-container-toolkit"
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
-APT_GET = (
-    "DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
-)
 
 
 class NvidiaKernelModule(FactBase[dict | None]):
@@ -100,14 +101,7 @@ class NvidiaDockerRuntime(FactBase[bool]):
 
 def cuda_distro(distribution: dict) -> str:
     """`server.LinuxDistribution` -> the CUDA repository's distro name (ubuntu2204, ubuntu2404, debian12)."""
-    distro_id, version = distro_key(distribution)
-    try:
-        return CUDA_DISTROS[(distro_id, version)]
-    except KeyError:
-        supported = ", ".join(f"{d} {v}" for d, v in CUDA_DISTROS)
-        raise ValueError(
-            f"{distro_id} {version}: no NVIDIA driver support in gemmaserve; supported: {supported}"
-        ) from None
+    return distro_name(distribution, CUDA_DISTROS, "NVIDIA driver")
 
 
 def driver_package(open_modules: bool) -> str:
@@ -125,18 +119,8 @@ def pin_text(branch: int) -> str:
     )
 
 
-def _upstream(version: str) -> str:
-    """Debian package version -> upstream driver version: 1:580.95.05-1ubuntu1 -> 580.95.05."""
-    return version.split(":", 1)[-1].split("-", 1)[0]
-
-
-def _installed(package: str) -> str | None:
-    versions = host.get_fact(DebPackages).get(package) or []
-    return versions[0] if versions else None
-
-
 def _on_branch(version: str | None, branch: int) -> bool:
-    return version is not None and _upstream(version).startswith(f"{branch}.")
+    return version is not None and upstream_version(version).startswith(f"{branch}.")
 
 
 @operation()
@@ -145,7 +129,7 @@ def driver(branch: int, open_modules: bool):
     distro = cuda_distro(host.get_fact(LinuxDistribution))
     repo = CUDA_REPO.format(distro=distro)
     refresh = False
-    if _installed("cuda-keyring") is None:
+    if installed_version("cuda-keyring") is None:
         yield (
             f"curl -fsSL -o /tmp/{CUDA_KEYRING} {repo}/{CUDA_KEYRING} && dpkg -i /tmp/{CUDA_KEYRING}"
             f" && rm -f /tmp/{CUDA_KEYRING}"
@@ -156,7 +140,7 @@ def driver(branch: int, open_modules: bool):
         yield FileUploadCommand(StringIO(wanted_pin), PIN_FILE)
         refresh = True
     package = driver_package(open_modules)
-    if _on_branch(_installed(package), branch):
+    if _on_branch(installed_version(package), branch):
         if not refresh:
             host.noop(f"{package} {branch} is installed")
         return
@@ -165,7 +149,7 @@ def driver(branch: int, open_modules: bool):
     # --allow-downgrades: a branch change down (e.g. 590 -> 580) is a downgrade apt must be allowed.
     yield (
         f"{APT_GET} --allow-downgrades install linux-headers-$(uname -r) {package}"
-        + (f" {other}-" if _installed(other) else "")
+        + (f" {other}-" if installed_version(other) else "")
     )
 
 
@@ -178,8 +162,8 @@ def fabric_manager(interconnect: str, gpu_count: int, open_modules: bool):
         host.noop(f"{interconnect} x {gpu_count}: no NVSwitch fabric to manage")
         return
     package = driver_package(open_modules)
-    wanted = _installed(package)
-    if wanted is not None and _installed(FABRIC_MANAGER) == wanted:
+    wanted = installed_version(package)
+    if wanted is not None and installed_version(FABRIC_MANAGER) == wanted:
         host.noop(f"{FABRIC_MANAGER} {wanted} matches the driver")
         return
     # The driver may be installed by this same deploy: read its version when the command runs.
@@ -193,7 +177,7 @@ def container_toolkit(engine: str):
         host.noop(f"{engine} engine: no container runtime needed")
         return
     changed = False
-    if _installed(TOOLKIT) is None:
+    if installed_version(TOOLKIT) is None:
         # The CUDA repository carries the toolkit too (no second apt source).
         yield f"{APT_GET} install {TOOLKIT}"
         changed = True
@@ -214,8 +198,8 @@ def reboot_reason(loaded: dict | None, installed: str | None, branch: int, open_
         return "no NVIDIA kernel module is loaded"
     if not loaded["version"].startswith(f"{branch}."):
         return f"loaded module {loaded['version']} is not on branch {branch}"
-    if _upstream(installed) != loaded["version"]:
-        return f"loaded module {loaded['version']} differs from installed {_upstream(installed)}"
+    if upstream_version(installed) != loaded["version"]:
+        return f"loaded module {loaded['version']} differs from installed {upstream_version(installed)}"
     if loaded["open"] != open_modules:
         return f"loaded module is {'open' if loaded['open'] else 'proprietary'}, wanted the other flavour"
     return None
@@ -225,22 +209,11 @@ def reboot_reason(loaded: dict | None, installed: str | None, branch: int, open_
 def reboot_for_driver(branch: int, open_modules: bool, allow_reboot: bool):
     """Reboot when the loaded module is missing or differs from the installed driver, if allowed."""
     reason = reboot_reason(
-        host.get_fact(NvidiaKernelModule), _installed(driver_package(open_modules)), branch, open_modules
+        host.get_fact(NvidiaKernelModule), installed_version(driver_package(open_modules)), branch, open_modules
     )
-    if reason is None:
-        host.noop("the loaded NVIDIA module is the installed driver")
-        return
-    if not allow_reboot:
-        logger.warning(f"{host.name}: reboot needed ({reason}); set nvidia_allow_reboot or gemmaserve_allow_reboot")
-        host.noop(f"reboot needed but not allowed: {reason}")
-        return
-    yield from server.reboot._inner(delay=30, interval=5, reboot_timeout=900)
-
-
-def allow_reboot(prefix: str) -> bool:
-    """`<prefix>_allow_reboot` when set, else `gemmaserve_allow_reboot` (default False)."""
-    own = host.data.get(f"{prefix}_allow_reboot")
-    return bool(host.data.get("gemmaserve_allow_reboot", False) if own is None else own)
+    yield from reboot_for(
+        reason, allow_reboot, "nvidia_allow_reboot", "the loaded NVIDIA module is the installed driver"
+    )
 
 
 def open_modules_for(accelerator: str, wanted: bool | None) -> bool:
@@ -249,10 +222,11 @@ def open_modules_for(accelerator: str, wanted: bool | None) -> bool:
     return True if wanted is None else bool(wanted)
 
 
-@deploy("Install the NVIDIA driver", data_defaults=DEFAULTS)
+@deploy("Install the NVIDIA driver", data_defaults=Settings.defaults())
 def nvidia(serving: Plan) -> None:
-    branch = int(host.data.nvidia_driver_branch)
-    open_modules = open_modules_for(serving.accelerator.name, host.data.nvidia_driver_open)
+    settings = Settings.from_host(host)
+    branch = settings.driver_branch
+    open_modules = open_modules_for(serving.accelerator.name, settings.driver_open)
     wanted_gpus = serving.spec.accelerator.count
     found = host.get_fact(NvidiaGpuCount)
     if found < wanted_gpus:
@@ -276,7 +250,7 @@ def nvidia(serving: Plan) -> None:
         name="Reboot into the new NVIDIA driver",
         branch=branch,
         open_modules=open_modules,
-        allow_reboot=allow_reboot("nvidia"),
+        allow_reboot=allow_reboot(settings.allow_reboot, host.data.dict()),
     )
     # Persistence mode keeps the driver initialised between replica restarts (no multi-second re-init).
     _start_driver_services(serving)

@@ -1,23 +1,27 @@
 """Replicas: the vllm@.service template, one env file per replica, gemmaserve.target, and restarts of
-changed replicas one at a time, each followed by a wait for /health."""
+changed replicas one at a time, each drained in HAProxy first and followed by a wait for /health."""
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import deploy, operation
 from pyinfra.facts.server import Command
 from pyinfra.operations import files, server, systemd
 
 from gemmaserve.plan import STATE_DIR, Plan, ReplicaPlan
-from roles.batch import UNCHANGED, Snapshot, render
-from roles.vllm import ARGCHECK, LIB_DIR
+from roles._lib.facts import HostState, PathState
+from roles._lib.managed import managed_file, managed_service, same_content
+from roles._lib.programs import ARGCHECK, HAPROXY_ADMIN, LIB_DIR
+from roles._lib.render import render
+from roles._lib.settings import RoleSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
+UNIT_PATH = "/etc/systemd/system/vllm@.service"
+TARGET_PATH = "/etc/systemd/system/gemmaserve.target"
 CACHE_ENV_KEYS = (
     "VLLM_CACHE_ROOT",
     "TORCHINDUCTOR_CACHE_DIR",
@@ -27,18 +31,22 @@ CACHE_ENV_KEYS = (
     "TMPDIR",
 )
 
-DEFAULTS = {
-    "replicas_timeout_start": 1800,  # 31B loads plus graph compilation take many minutes on a cold host
-    "replicas_health_timeout": 900,  # seconds a restarted replica may take to report healthy
-    "replicas_stagger_checks": 300,  # x 2 s that a replica waits for the previous one to be healthy
-    "replicas_nofile": 1048576,
-    "replicas_drain_timeout": 600,  # seconds in-flight requests may take to finish before a restart
-}
+
+class Settings(RoleSettings):
+    prefix = "replicas_"
+    # 31B loads plus graph compilation take many minutes on a cold host.
+    timeout_start: int = 1800
+    # Seconds a restarted replica may take to report healthy.
+    health_timeout: int = 900
+    # x 2 s that a replica waits for the previous one to be healthy.
+    stagger_checks: int = 300
+    nofile: int = 1048576
+    # Seconds in-flight requests may take to finish before a restart.
+    drain_timeout: int = 600
 
 
-def health_url(serving: Plan, replica: ReplicaPlan) -> str:
-    address = serving.spec.serving.bind_address
-    return f"http://{'127.0.0.1' if address == '0.0.0.0' else address}:{replica.port}/health"
+def env_path(index: int) -> str:
+    return f"/etc/gemmaserve/replica-{index}.env"
 
 
 def replica_args(replica: ReplicaPlan) -> str:
@@ -56,14 +64,15 @@ def replica_args(replica: ReplicaPlan) -> str:
 
 
 def render_env(serving: Plan, replica: ReplicaPlan) -> str:
-    from jinja2 import Template
-
     previous = serving.replicas[replica.index - 1] if replica.index else None
     env = dict(replica.env)
     env["GEMMASERVE_CACHE_DIRS"] = " ".join(env[k] for k in CACHE_ENV_KEYS if k in env)
-    return Template((TEMPLATES / "replica.env.j2").read_text(), trim_blocks=True, lstrip_blocks=True).render(
-        replica=type("R", (), {"index": replica.index, "port": replica.port, "env": env}),
-        wait_for=health_url(serving, previous) if previous else "none",
+    return render(
+        TEMPLATES / "replica.env.j2",
+        index=replica.index,
+        port=replica.port,
+        env=env,
+        wait_for=previous.health_url if previous else "none",
         args=replica_args(replica),
     )
 
@@ -98,7 +107,7 @@ def docker_run_flags(serving: Plan) -> str:
     elif vendor == "amd":
         flags += ["--device=/dev/kfd", "--device=/dev/dri", "--group-add=video", "--security-opt=seccomp=unconfined"]
     elif vendor == "google":
-        # Seeds 01/04: TPU containers need the chips (privileged) and the host's /dev/shm for the XLA cache.
+        # vLLM's TPU containers need the chips (privileged) and the host's /dev/shm for the XLA cache (https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html).
         flags += ["--privileged", "-v /dev/shm:/dev/shm"]
     return " ".join(flags)
 
@@ -114,8 +123,8 @@ def device_nodes(serving: Plan) -> list[str]:
     return []
 
 
-def unit_context(serving: Plan, data) -> dict:
-    """Everything vllm@.service.j2 is rendered with (`data`: host data with this role's defaults)."""
+def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
+    """Everything vllm@.service.j2 is rendered with."""
     fetch_unit = "gemmaserve-hf-token.service" if serving.spec.secret and serving.spec.secret.secret_manager else None
     return {
         "model": serving.model.hf_id,
@@ -127,70 +136,115 @@ def unit_context(serving: Plan, data) -> dict:
         "docker_flags": docker_run_flags(serving),
         "devices": device_nodes(serving),
         "state_dir": STATE_DIR,
-        "nofile": data.get("replicas_nofile", DEFAULTS["replicas_nofile"]),
-        "timeout_start": data.get("replicas_timeout_start", DEFAULTS["replicas_timeout_start"]),
-        "stagger_checks": data.get("replicas_stagger_checks", DEFAULTS["replicas_stagger_checks"]),
+        "nofile": settings.nofile,
+        "timeout_start": settings.timeout_start,
+        "stagger_checks": settings.stagger_checks,
     }
 
 
-@deploy("Run vLLM replicas", data_defaults=DEFAULTS)
+@deploy("Run vLLM replicas", data_defaults=Settings.defaults())
 def replicas(serving: Plan) -> None:
-    unit_path, target_path = "/etc/systemd/system/vllm@.service", "/etc/systemd/system/gemmaserve.target"
-    names = [f"vllm@{r.index}.service" for r in serving.replicas]
-    now = Snapshot(
-        paths=[unit_path, target_path, *(env_path(r.index) for r in serving.replicas)],
+    settings = Settings.from_host(host)
+    names = [r.unit for r in serving.replicas]
+    now = HostState(
+        host,
+        paths=[UNIT_PATH, TARGET_PATH, *(env_path(r.index) for r in serving.replicas)],
         units=["gemmaserve.target", *names],
     )
-    unit = now.put(
+    unit = managed_file(
         name="Install the vllm@.service template",
-        dest=unit_path,
-        content=render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, host.data)),
+        dest=UNIT_PATH,
+        content=render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, settings)),
+        current=now.path(UNIT_PATH),
     )
-    target = now.put(
+    target = managed_file(
         name="Install gemmaserve.target",
-        dest=target_path,
+        dest=TARGET_PATH,
         content=render(TEMPLATES / "gemmaserve.target.j2", replicas=serving.replicas),
+        current=now.path(TARGET_PATH),
     )
     systemd.daemon_reload(name="Reload systemd units", _if=lambda: unit.did_change() or target.did_change())
     # Enabled, not started here: at boot the target starts every replica; during a deploy replicas are
     # (re)started one at a time below so at most one is down.
-    now.service(name="Enable gemmaserve.target", service="gemmaserve.target", enabled=True, running=None)
+    managed_service(
+        name="Enable gemmaserve.target",
+        service="gemmaserve.target",
+        current=now.unit("gemmaserve.target"),
+        running=None,
+    )
     _remove_extra_replicas(serving)
-    for replica, name in zip(serving.replicas, names, strict=True):
-        env_installed = _install_checked_env(serving, replica, now)
-        changed = _changed(unit, env_installed)
+    check = argcheck_command(serving)
+    for replica in serving.replicas:
+        live, content = env_path(replica.index), render_env(serving, replica)
+        env_owner(name=f"Fix the owner and mode of {live}", path=live, content=content, current=now.path(live))
+        env = checked_env(
+            name=f"Check replica {replica.index}'s vLLM flags with vLLM's own parser, then install them",
+            path=live,
+            content=content,
+            check=check,
+            current=now.path(live),
+        )
+
+        def changed(env=env) -> bool:
+            return unit.did_change() or env.did_change()
+
         # Rolling restart: no new requests for this replica, its running ones finish, then it restarts;
-        # the others keep serving (see gemmaserve/haproxy_admin.py).
-        admin = f"python3 {LIB_DIR}/haproxy_admin.py"
+        # the others keep serving (roles/router/files/haproxy_admin.py).
+        admin = f"python3 {HAPROXY_ADMIN}"
+        server_name = f"vllm/replica{replica.index}"
         server.shell(
             name=f"Drain replica {replica.index} in HAProxy",
-            _if=changed,
-            commands=[f"{admin} drain vllm/replica{replica.index} --timeout {host.data.replicas_drain_timeout}"],
-        )
-        # A replica that crash-looped sits in start-limit-hit until its failed state is cleared.
-        server.shell(
-            name=f"Clear {name}'s failed state",
-            commands=[f"systemctl reset-failed {name}"],
-            _if=(lambda: True) if now.is_failed(name) else changed,
-        )
-        restarted = systemd.service(
-            name=f"Start or restart {name} (its unit or environment changed)",
-            service=name,
-            running=True,
-            restarted=True,
+            commands=[f"{admin} drain {server_name} --timeout {settings.drain_timeout}"],
             _if=changed,
         )
-        started = now.service(name=f"Enable {name} and keep it running", service=name, enabled=True, running=True)
-        _wait_healthy(serving, replica, _if=_changed(restarted, started))
+        restarted = restart_replica(
+            name=f"Start or restart {replica.unit} (its unit or environment changed)", service=replica.unit, _if=changed
+        )
+        started = managed_service(
+            name=f"Enable {replica.unit} and keep it running", service=replica.unit, current=now.unit(replica.unit)
+        )
+        _wait_healthy(replica, settings, _if=lambda r=restarted, s=started: r.did_change() or s.did_change())
         server.shell(
             name=f"Return replica {replica.index} to HAProxy",
+            commands=[f"{admin} ready {server_name} --timeout 120"],
             _if=changed,
-            commands=[f"{admin} ready vllm/replica{replica.index} --timeout 120"],
         )
 
 
-def env_path(index: int) -> str:
-    return f"/etc/gemmaserve/replica-{index}.env"
+def _owned_env(current: PathState) -> bool:
+    return (current.user, current.group, current.mode) == ("root", "gemmaserve", 0o640)
+
+
+@operation()
+def env_owner(path: str, content: str, current: PathState):
+    """The same flags with the wrong owner or mode: mend them; the replica need not restart."""
+    if same_content(current, content) and not _owned_env(current):
+        yield from files.file._inner(path=path, user="root", group="gemmaserve", mode="0640")
+    else:
+        host.noop(f"{path}: owner and mode are right, or its content changes below")
+
+
+@operation()
+def checked_env(path: str, content: str, check: str, current: PathState):
+    """Stage replica-N.env, check its argv with vLLM's own parser exactly as systemd will expand it
+    (systemd-run with the same EnvironmentFile and $VLLM_ARGS), and only then install it."""
+    if same_content(current, content):
+        host.noop(f"{path} already holds the planned flags")
+        return
+    pending = f"{path}.pending"
+    yield from files.put._inner(src=StringIO(content), dest=pending, user="root", group="gemmaserve", mode="0640")
+    # As the serving user, so whatever vLLM creates while importing (cache dirs) stays its own.
+    yield (
+        f"systemd-run --wait --pipe --quiet --collect -p User=gemmaserve -p Group=gemmaserve "
+        f"-p EnvironmentFile={pending} {check} -- '$VLLM_ARGS' && mv {pending} {path}"
+    )
+
+
+@operation(is_idempotent=False)
+def restart_replica(service: str):
+    """Restart a replica whose unit or environment changed; a crash-looped one is cleared of its failed state."""
+    yield f"systemctl reset-failed {service} 2>/dev/null || true"
+    yield from systemd.service._inner(service=service, running=True, restarted=True)
 
 
 def _remove_extra_replicas(serving: Plan) -> None:
@@ -209,54 +263,15 @@ def _remove_extra_replicas(serving: Plan) -> None:
         files.file(name=f"Remove replica {index}'s environment", path=env_path(index), present=False)
 
 
-def _install_checked_env(serving: Plan, replica: ReplicaPlan, now: Snapshot):
-    """Stage replica-N.env, check its argv with vLLM's own parser exactly as systemd will expand it
-    (systemd-run with the same EnvironmentFile and $VLLM_ARGS), and only then install it.
-
-    Returns the installing operation, or UNCHANGED when the live file is already what the plan says.
-    """
-    content = render_env(serving, replica)
-    live = env_path(replica.index)
-    state = now.paths.get(live)
-    if state and state.kind == "file" and state.sha1 == hashlib.sha1(content.encode()).hexdigest():
-        if (state.user, state.group, state.mode) != ("root", "gemmaserve", 0o640):
-            # Same flags, wrong owner or mode: mend them; the replica need not restart.
-            files.file(
-                name=f"Fix the owner and mode of {live}", path=live, user="root", group="gemmaserve", mode="0640"
-            )
-        return UNCHANGED
-    pending = f"{live}.pending"
-    files.put(
-        name=f"Stage replica {replica.index}'s environment",
-        src=StringIO(content),
-        dest=pending,
-        user="root",
-        group="gemmaserve",
-        mode="0640",
-    )
-    return server.shell(
-        name=f"Check replica {replica.index}'s vLLM flags with vLLM's own parser, then install them",
-        # As the serving user, so whatever vLLM creates while importing (cache dirs) stays its own.
-        commands=[
-            f"systemd-run --wait --pipe --quiet --collect -p User=gemmaserve -p Group=gemmaserve "
-            f"-p EnvironmentFile={pending} {argcheck_command(serving)} -- '$VLLM_ARGS' && mv {pending} {live}"
-        ],
-    )
-
-
-def _changed(*ops):
-    return lambda: any(op.did_change() for op in ops)
-
-
-def _wait_healthy(serving: Plan, replica: ReplicaPlan, _if) -> None:
-    url = health_url(serving, replica)
-    tries = max(1, host.data.replicas_health_timeout // 2)
+def _wait_healthy(replica: ReplicaPlan, settings: Settings, _if) -> None:
+    url = replica.health_url
+    tries = max(1, settings.health_timeout // 2)
     server.shell(
         name=f"Wait for replica {replica.index} to be healthy ({url})",
         commands=[
             f"for i in $(seq 1 {tries}); do curl -fsS -o /dev/null {shlex.quote(url)} && exit 0; "
             f"systemctl is-failed --quiet vllm@{replica.index} && break; sleep 2; done; "
-            f"echo 'replica {replica.index} not healthy after {host.data.replicas_health_timeout} s' >&2; "
+            f"echo 'replica {replica.index} not healthy after {settings.health_timeout} s' >&2; "
             f"journalctl -u vllm@{replica.index} -n 40 --no-pager >&2; exit 1"
         ],
         _if=_if,

@@ -3,33 +3,36 @@ the render/video groups for the gemmaserve user, and a reboot only when the load
 
 from __future__ import annotations
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
-from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import LinuxDistribution, Users
-from pyinfra.operations import apt, server
+from pyinfra.operations import apt
 
 from gemmaserve.plan import Plan
-from roles.base import distro_key
-from roles.nvidia import APT_GET, allow_reboot
+from roles._lib.apt import APT_GET, installed_version, upstream_version
+from roles._lib.distro import distro_name
+from roles._lib.reboot import allow_reboot, reboot_for
+from roles._lib.settings import RoleSettings
 
-DEFAULTS = {
-    # Seed 01: vLLM's ROCm nightly wheels are built against ROCm 7.2.1.
-    "rocm_version": "7.2.1",
+
+class Settings(RoleSettings):
+    prefix = "rocm_"
+    # vLLM's ROCm wheels are built against ROCm 7.2.1 (https://wheels.vllm.ai/rocm/).
+    version: str = "7.2.1"
     # amdgpu-install's .deb name; None derives it from rocm_version (7.2.1 -> amdgpu-install_7.2.1.70201-1_all.deb).
-    "rocm_installer_deb": None,
+    installer_deb: str | None = None
     # Bare-metal Instinct hosts run AMD's amdgpu DKMS driver; False keeps the distribution kernel's amdgpu
     # (e.g. a VM image that ships it), so only ROCm userspace is installed and no reboot is ever needed.
-    "rocm_dkms": True,
+    dkms: bool = True
     # None: follow gemmaserve_allow_reboot (default False).
-    "rocm_allow_reboot": None,
-}
+    allow_reboot: bool | None = None
+
 
 SUPPORTED = {"mi300x", "mi325x", "mi355x"}
 INSTALLER_URL = "https://repo.radeon.com/amdgpu-install/{version}/ubuntu/{codename}/{deb}"
 # ROCm publishes Ubuntu builds; Debian 12 installs the jammy ones (ROCm's Debian instructions do the same).
 CODENAMES = {("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble", ("debian", "12"): "jammy"}
-# What a ROCm container needs from the host (seed 01's `docker run`): the compute and render device
+# What a ROCm container needs from the host (the `docker run` of https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html): the compute and render device
 # nodes, and membership of the groups that own them.
 CONTAINER_DEVICES = ("/dev/kfd", "/dev/dri")
 DEVICE_GROUPS = ("render", "video")
@@ -74,21 +77,7 @@ def installer_deb(version: str) -> str:
 
 
 def ubuntu_codename(distribution: dict) -> str:
-    distro_id, version = distro_key(distribution)
-    try:
-        return CODENAMES[(distro_id, version)]
-    except KeyError:
-        supported = ", ".join(f"{d} {v}" for d, v in CODENAMES)
-        raise ValueError(f"{distro_id} {version}: no ROCm support in gemmaserve; supported: {supported}") from None
-
-
-def _installed(package: str) -> str | None:
-    versions = host.get_fact(DebPackages).get(package) or []
-    return versions[0] if versions else None
-
-
-def _upstream(version: str) -> str:
-    return version.split(":", 1)[-1].split("-", 1)[0]
+    return distro_name(distribution, CODENAMES, "ROCm")
 
 
 @operation()
@@ -96,7 +85,7 @@ def rocm_release(version: str, dkms: bool, deb: str | None = None):
     """Install amdgpu-install for the pinned ROCm release, then ROCm (and the amdgpu DKMS driver)."""
     codename = ubuntu_codename(host.get_fact(LinuxDistribution))
     deb = deb or installer_deb(version)
-    installer = _installed("amdgpu-install")
+    installer = installed_version("amdgpu-install")
     # amdgpu-install's package version is the file name's: 7.2.1.70201-1.
     wanted_installer = deb.removeprefix("amdgpu-install_").removesuffix("_all.deb")
     changed = False
@@ -107,7 +96,7 @@ def rocm_release(version: str, dkms: bool, deb: str | None = None):
         changed = True
     current = host.get_fact(RocmVersion)
     on_version = current is not None and (current == version or current.startswith(f"{version}-"))
-    needs_dkms = dkms and _installed("amdgpu-dkms") is None
+    needs_dkms = dkms and installed_version("amdgpu-dkms") is None
     if changed or not on_version or needs_dkms:
         if dkms:
             yield f"{APT_GET} install linux-headers-$(uname -r)"
@@ -138,39 +127,37 @@ def reboot_reason(loaded: str | None, dkms_installed: str | None, dkms: bool) ->
         return "amdgpu is not loaded"
     if loaded == "in-tree":
         return "the in-tree amdgpu is loaded, not the DKMS driver"
-    if not _upstream(dkms_installed).startswith(f"{loaded}."):
-        return f"loaded amdgpu {loaded} differs from installed {_upstream(dkms_installed)}"
+    if not upstream_version(dkms_installed).startswith(f"{loaded}."):
+        return f"loaded amdgpu {loaded} differs from installed {upstream_version(dkms_installed)}"
     return None
 
 
 @operation(is_idempotent=False)
 def reboot_for_amdgpu(dkms: bool, allow_reboot: bool):
     """Reboot when the loaded amdgpu differs from the installed DKMS driver, if allowed."""
-    reason = reboot_reason(host.get_fact(AmdgpuModule), _installed("amdgpu-dkms"), dkms)
-    if reason is None:
-        host.noop("the loaded amdgpu is the installed driver")
-        return
-    if not allow_reboot:
-        logger.warning(f"{host.name}: reboot needed ({reason}); set rocm_allow_reboot or gemmaserve_allow_reboot")
-        host.noop(f"reboot needed but not allowed: {reason}")
-        return
-    yield from server.reboot._inner(delay=30, interval=5, reboot_timeout=900)
+    reason = reboot_reason(host.get_fact(AmdgpuModule), installed_version("amdgpu-dkms"), dkms)
+    yield from reboot_for(reason, allow_reboot, "rocm_allow_reboot", "the loaded amdgpu is the installed driver")
 
 
-@deploy("Install ROCm", data_defaults=DEFAULTS)
+@deploy("Install ROCm", data_defaults=Settings.defaults())
 def rocm(serving: Plan) -> None:
     if serving.accelerator.name not in SUPPORTED:
         raise ValueError(f"{serving.accelerator.name}: the rocm role supports {', '.join(sorted(SUPPORTED))}")
-    version, dkms = str(host.data.rocm_version), bool(host.data.rocm_dkms)
+    settings = Settings.from_host(host)
+    version, dkms = settings.version, settings.dkms
     apt.packages(name="Install ROCm prerequisites", packages=["curl", "ca-certificates", "gnupg"], no_recommends=True)
     rocm_release(
         name=f"Install ROCm {version}" + (" with the amdgpu DKMS driver" if dkms else ""),
         version=version,
         dkms=dkms,
-        deb=host.data.rocm_installer_deb,
+        deb=settings.installer_deb,
     )
     device_groups(name=f"Add {SERVICE_USER} to the render and video groups")
     if serving.engine.kind == "container":
         # Containers get CONTAINER_DEVICES and DEVICE_GROUPS passed through by the replica unit.
         apt.packages(name="Install Docker", packages=["docker.io"], no_recommends=True)
-    reboot_for_amdgpu(name="Reboot into the new amdgpu driver", dkms=dkms, allow_reboot=allow_reboot("rocm"))
+    reboot_for_amdgpu(
+        name="Reboot into the new amdgpu driver",
+        dkms=dkms,
+        allow_reboot=allow_reboot(settings.allow_reboot, host.data.dict()),
+    )

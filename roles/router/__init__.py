@@ -1,4 +1,5 @@
-"""Router: HAProxy on one port in front of the host's replicas (least outstanding requests)."""
+"""Router: HAProxy on one port in front of the host's replicas (least outstanding requests), and the
+admin program (files/haproxy_admin.py) that drains and re-enables replicas through HAProxy's socket."""
 
 from __future__ import annotations
 
@@ -9,42 +10,61 @@ from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
 from gemmaserve.plan import Plan
-from roles.batch import Snapshot, packages, render
+from roles._lib.apt import install_packages
+from roles._lib.facts import HostState
+from roles._lib.managed import managed_directory, managed_file, managed_service
+from roles._lib.programs import HAPROXY_ADMIN, LIB_DIR, program_source
+from roles._lib.render import render
+from roles._lib.settings import RoleSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
 CONFIG = "/etc/haproxy/haproxy.cfg"
 
-DEFAULTS = {
-    "router_bind": "0.0.0.0",
-    "router_stats_port": 8404,
-    "router_stream_timeout": "1h",
-}
+
+class Settings(RoleSettings):
+    prefix = "router_"
+    bind: str = "0.0.0.0"
+    # HAProxy's stats page and Prometheus exporter, on loopback (the monitoring role scrapes it).
+    stats_port: int = 8404
+    stream_timeout: str = "1h"
 
 
-@deploy("Route with HAProxy", data_defaults=DEFAULTS)
+def haproxy_config(serving: Plan, settings: Settings) -> str:
+    return render(
+        TEMPLATES / "haproxy.cfg.j2",
+        bind=settings.bind,
+        port=serving.router_port,
+        stats_port=settings.stats_port,
+        stream_timeout=settings.stream_timeout,
+        replicas=serving.replicas,
+    )
+
+
+@deploy("Route with HAProxy", data_defaults=Settings.defaults())
 def router(serving: Plan) -> None:
-    packages(name="Install HAProxy", packages=["haproxy"])
-    address = serving.spec.serving.bind_address
-    now = Snapshot(paths=[f"{CONFIG}.gemmaserve"], units=["haproxy.service"])
-    staged = now.put(
+    settings = Settings.from_host(host)
+    install_packages("Install HAProxy", ["haproxy"])
+    staged_path = f"{CONFIG}.gemmaserve"
+    now = HostState(host, paths=[LIB_DIR, HAPROXY_ADMIN, staged_path], units=["haproxy.service"])
+    managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
+    managed_file(
+        name="Install haproxy_admin.py",
+        dest=HAPROXY_ADMIN,
+        content=program_source("router", "haproxy_admin.py"),
+        current=now.path(HAPROXY_ADMIN),
+    )
+    staged = managed_file(
         name="Render the HAProxy config",
-        dest=f"{CONFIG}.gemmaserve",
-        content=render(
-            TEMPLATES / "haproxy.cfg.j2",
-            bind=host.data.router_bind,
-            port=serving.router_port,
-            stats_port=host.data.router_stats_port,
-            stream_timeout=host.data.router_stream_timeout,
-            replicas=serving.replicas,
-            address="127.0.0.1" if address == "0.0.0.0" else address,
-        ),
+        dest=staged_path,
+        content=haproxy_config(serving, settings),
+        current=now.path(staged_path),
     )
     server.shell(
         name="Validate the HAProxy config (haproxy -c) and install it",
-        commands=[f"haproxy -c -q -f {CONFIG}.gemmaserve && cp {CONFIG}.gemmaserve {CONFIG}"],
+        commands=[f"haproxy -c -q -f {staged_path} && cp {staged_path} {CONFIG}"],
         _if=staged.did_change,
     )
     systemd.service(
         name="Reload HAProxy", service="haproxy", running=True, enabled=True, reloaded=True, _if=staged.did_change
     )
-    now.service(name="Keep HAProxy running", service="haproxy.service", enabled=True, running=True)
+    managed_service(name="Keep HAProxy running", service="haproxy.service", current=now.unit("haproxy.service"))

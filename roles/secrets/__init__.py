@@ -12,47 +12,49 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
 from gemmaserve.plan import TOKEN_RUNTIME_PATH, Plan
-from roles.batch import Snapshot, render
-from roles.vllm import LIB_DIR, PACKAGE_DIR
+from roles._lib.facts import HostState
+from roles._lib.managed import managed_file
+from roles._lib.programs import installed_path, program_source
+from roles._lib.render import render
+from roles._lib.settings import RoleSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
 FETCH_UNIT = "gemmaserve-hf-token.service"
 
-DEFAULTS = {
+
+class Settings(RoleSettings):
+    prefix = "secrets_"
     # A token file on the control machine to install at the spec's secret.file path (mode 0400).
-    "secrets_hf_token_src": None,
-}
+    hf_token_src: str | None = None
 
 
 class MissingSecret(Exception):
     pass
 
 
-@deploy("Provide the Hugging Face token", data_defaults=DEFAULTS)
+@deploy("Provide the Hugging Face token", data_defaults=Settings.defaults())
 def secrets(serving: Plan) -> None:
     source = serving.spec.secret
     if source is None:
         return
     if source.file:
-        _file_source(source.file)
+        _file_source(source.file, Settings.from_host(host))
     else:
         _secret_manager_source(source.secret_manager)
 
 
-def _file_source(path: str) -> None:
-    local = host.data.secrets_hf_token_src
-    if local:
+def _file_source(path: str, settings: Settings) -> None:
+    if settings.hf_token_src:
         files.put(
             name=f"Install the Hugging Face token file {path}",
-            src=str(local),
+            src=settings.hf_token_src,
             dest=path,
             user="root",
             group="root",
             mode="0400",
         )
         return
-    existing = host.get_fact(File, path=path)
-    if not existing:
+    if not host.get_fact(File, path=path):
         raise MissingSecret(
             f"{host.name}: secret.file = {path!r}: no such file on the host; place the token there "
             "(mode 0400) or set secrets_hf_token_src to a local file to upload"
@@ -60,13 +62,19 @@ def _file_source(path: str) -> None:
 
 
 def _secret_manager_source(secret: str) -> None:
-    script, unit_path = f"{LIB_DIR}/hf_token.py", f"/etc/systemd/system/{FETCH_UNIT}"
-    now = Snapshot(paths=[script, unit_path])
-    now.put(name="Install the Secret Manager token fetcher", content=PACKAGE_DIR / "hf_token.py", dest=script)
-    unit = now.put(
+    script, unit_path = installed_path("hf_token.py"), f"/etc/systemd/system/{FETCH_UNIT}"
+    now = HostState(host, paths=[script, unit_path])
+    managed_file(
+        name="Install the Secret Manager token fetcher",
+        dest=script,
+        content=program_source("secrets", "hf_token.py"),
+        current=now.path(script),
+    )
+    unit = managed_file(
         name=f"Install {FETCH_UNIT}",
         dest=unit_path,
         content=render(TEMPLATES / f"{FETCH_UNIT}.j2", script=script, secret=secret, out=TOKEN_RUNTIME_PATH),
+        current=now.path(unit_path),
     )
     systemd.service(
         name=f"Enable {FETCH_UNIT}",

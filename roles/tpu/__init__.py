@@ -5,23 +5,31 @@ from __future__ import annotations
 
 import re
 
+from pydantic import field_validator
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import apt, systemd
 
 from gemmaserve.plan import Plan
-
-DEFAULTS = {
-    # Seed 04 keeps both the XLA compile cache (VLLM_XLA_CACHE_PATH) and the HF cache (HF_HOME) on /dev/shm:
-    # 31B bf16 weights are ~62 GB, the v6e XLA cache a few GB more. tmpfs only reserves what is written,
-    # so this is a ceiling, not an allocation.
-    "tpu_shm_size": "128G",
-}
+from roles._lib.settings import RoleSettings
 
 FSTAB = "/etc/fstab"
 SHM_OPTIONS = "rw,nosuid,nodev,size={size}"
 UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+class Settings(RoleSettings):
+    prefix = "tpu_"
+    # The XLA compile cache (VLLM_XLA_CACHE_PATH) lives on /dev/shm: tmpfs only reserves what is
+    # written, so this is a ceiling, not an allocation.
+    shm_size: str = "128G"
+
+    @field_validator("shm_size")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        size_bytes(value)
+        return value
 
 
 class ShmSize(FactBase[int]):
@@ -69,10 +77,9 @@ def shm_size(size: str):
         host.noop(f"/dev/shm is {size}")
 
 
-@deploy("Prepare the TPU VM", data_defaults=DEFAULTS)
+@deploy("Prepare the TPU VM", data_defaults=Settings.defaults())
 def tpu(serving: Plan) -> None:
-    size = str(host.data.tpu_shm_size)
-    size_bytes(size)  # a bad size fails here, before anything changes
+    size = Settings.from_host(host).shm_size  # a bad size fails here, before anything changes
     shm_size(name=f"Size /dev/shm to {size}", size=size)
     if serving.engine.kind == "container":
         apt.packages(name="Install Docker", packages=["docker.io"], no_recommends=True)

@@ -1,37 +1,38 @@
 """vLLM engine: a pinned wheel venv (or pinned image), the Gemma 4 tool chat template, and the flag
-checker (vllm_argcheck.py) that the replicas role runs before any restart."""
+checker (files/vllm_argcheck.py) that the replicas role runs before any restart."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import deploy, operation
 from pyinfra.facts.server import Command
-from pyinfra.operations import files, server
+from pyinfra.operations import files
 
-from gemmaserve.plan import CHAT_TEMPLATE_PATH, VENV_ROOT, Plan
-from roles.batch import Snapshot, packages
+from gemmaserve.plan import CHAT_TEMPLATE_PATH, VENV_ROOT, EnginePlan, Plan
+from roles._lib.apt import install_packages
+from roles._lib.facts import HostState, PathState
+from roles._lib.managed import managed_directory, managed_file
+from roles._lib.programs import LIB_DIR, installed_path, program_source
+from roles._lib.settings import RoleSettings
 
-PACKAGE_DIR = Path(__file__).resolve().parents[2] / "gemmaserve"
-LIB_DIR = "/opt/gemmaserve/lib"
-ARGCHECK = f"{LIB_DIR}/vllm_argcheck.py"
-
-
+PROGRAMS = ("vllm_cpu.py", "vllm_argcheck.py")
 # Where each vendor's vLLM wheels come from besides PyPI (PyPI's `vllm` is the CUDA build and
-# `vllm-tpu` the TPU build; ROCm builds are on vLLM's own index, seed 01).
+# `vllm-tpu` the TPU build; ROCm builds are on vLLM's own index: https://docs.vllm.ai/en/latest/getting_started/installation/gpu/).
 EXTRA_INDEX = {"amd": "https://wheels.vllm.ai/rocm/"}
-# Python for GPU/TPU venvs (seed 01: the ROCm wheels need 3.12); uv fetches it when the host lacks it.
+# Python for GPU/TPU venvs (vLLM's ROCm wheels are built for 3.12); uv fetches it when the host lacks it.
 VENV_PYTHON = {"nvidia": "3.12", "amd": "3.12", "google": "3.12"}
+UV_VENV = "/opt/gemmaserve/uv"
 
-DEFAULTS = {
+
+class Settings(RoleSettings):
+    prefix = "vllm_"
     # A local file to upload as the tool chat template instead of vLLM's at the pinned release tag
     # (the sandbox's test model brings its own; air-gapped hosts point this at a vetted copy).
-    "vllm_chat_template_src": None,
+    chat_template_src: str | None = None
     # uv builds the wheel venvs; pinned like everything installed on hosts.
-    "vllm_uv_version": "0.13.9",
-}
-UV_VENV = "/opt/gemmaserve/uv"
+    uv_version: str = "0.13.9"
 
 
 def installed_vllm_version(venv: str) -> str | None:
@@ -44,30 +45,44 @@ def installed_vllm_version(venv: str) -> str | None:
     return output.splitlines()[-1] if output else None
 
 
-@deploy("Install vLLM", data_defaults=DEFAULTS)
+@deploy("Install vLLM", data_defaults=Settings.defaults())
 def vllm(serving: Plan) -> None:
+    settings = Settings.from_host(host)
     engine = serving.engine
-    modules = ("vllm_cpu.py", "vllm_argcheck.py", "haproxy_admin.py")
-    now = Snapshot(paths=[LIB_DIR, *(f"{LIB_DIR}/{m}" for m in modules), CHAT_TEMPLATE_PATH])
-    now.directory(name="Create the gemmaserve library directory", path=LIB_DIR, mode="0755")
-    for module in modules:
-        now.put(name=f"Install {module}", content=PACKAGE_DIR / module, dest=f"{LIB_DIR}/{module}")
+    programs = {name: installed_path(name) for name in PROGRAMS}
+    now = HostState(host, paths=[LIB_DIR, *programs.values(), CHAT_TEMPLATE_PATH])
+    managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
+    for name, dest in programs.items():
+        managed_file(name=f"Install {name}", dest=dest, content=program_source("vllm", name), current=now.path(dest))
     if engine.package == "vllm-cpu" and any("--enforce-eager" not in r.argv for r in serving.replicas):
         # torch.compile's CPU backend (inductor) builds C++ kernels that include Python.h.
-        packages(name="Install g++ and Python headers for torch.compile on CPU", packages=["g++", "python3-dev"])
+        install_packages("Install g++ and Python headers for torch.compile on CPU", ["g++", "python3-dev"])
     if engine.kind == "wheel":
-        _install_wheel(serving)
+        wheel_venv(
+            name=f"Install {engine.package}=={engine.version} into {engine.venv}",
+            engine=engine,
+            vendor=serving.accelerator.vendor,
+            installed=installed_vllm_version(engine.venv),
+            uv_version=settings.uv_version,
+        )
     else:
-        _pull_image(serving)
-    _install_chat_template(serving, now)
+        present = (
+            host.get_fact(Command, f"docker image inspect --format '{{{{.Id}}}}' {engine.image} 2>/dev/null || true")
+            or ""
+        ).strip()
+        pulled_image(name=f"Pull {engine.image}", image=engine.image, present=bool(present))
+    if any("--chat-template" in r.argv for r in serving.replicas):
+        _install_chat_template(serving, settings, now.path(CHAT_TEMPLATE_PATH))
 
 
-def _install_chat_template(serving: Plan, now: Snapshot) -> None:
-    if not any("--chat-template" in r.argv for r in serving.replicas):
-        return
-    source = host.data.vllm_chat_template_src
-    if source:
-        now.put(name="Install the Gemma 4 tool chat template", content=Path(source), dest=CHAT_TEMPLATE_PATH)
+def _install_chat_template(serving: Plan, settings: Settings, current: PathState) -> None:
+    if settings.chat_template_src:
+        managed_file(
+            name="Install the Gemma 4 tool chat template",
+            dest=CHAT_TEMPLATE_PATH,
+            content=Path(settings.chat_template_src),
+            current=current,
+        )
     else:
         files.download(
             name=f"Install vLLM {serving.engine.version}'s Gemma 4 tool chat template",
@@ -77,47 +92,38 @@ def _install_chat_template(serving: Plan, now: Snapshot) -> None:
         )
 
 
-def _pull_image(serving: Plan) -> None:
-    """The pinned image, pulled once; never `pip install git+...` at container start (seed 04's mistake)."""
-    image = serving.engine.image
-    present = (
-        host.get_fact(Command, f"docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null || true") or ""
-    ).strip()
-    if not present:
-        server.shell(name=f"Pull {image}", commands=[f"docker pull --quiet {image}"])
+@operation()
+def pulled_image(image: str, present: bool):
+    """The pinned image, pulled once; never `pip install git+...` at container start."""
+    if present:
+        host.noop(f"{image} is present")
+        return
+    yield f"docker pull --quiet {image}"
 
 
-def _install_wheel(serving: Plan) -> None:
-    engine = serving.engine
-    installed = installed_vllm_version(engine.venv)
+@operation()
+def wheel_venv(engine: EnginePlan, vendor: str, installed: str | None, uv_version: str):
+    """A venv holding exactly the pinned vLLM (and transformers), built next to its path then moved in."""
     if installed and installed.split("+")[0] == engine.version:
-        return  # pinned version present (in the sandbox: a prebuilt venv bound read-only)
+        # Pinned version present (in the sandbox: a prebuilt venv bound read-only).
+        host.noop(f"{engine.venv} has vLLM {installed}")
+        return
     if engine.package == "vllm-cpu":
-        # The CPU build needs surgery uv cannot express (see gemmaserve/vllm_cpu.py).
-        server.shell(
-            name=f"Build the vllm-cpu {engine.version} venv",
-            commands=[f"python3 {LIB_DIR}/vllm_cpu.py build --version {engine.version} --prefix {VENV_ROOT}"],
-        )
+        # The CPU build needs surgery uv cannot express (see files/vllm_cpu.py).
+        yield f"python3 {installed_path('vllm_cpu.py')} build --version {engine.version} --prefix {VENV_ROOT}"
         return
     uv = f"{UV_VENV}/bin/uv"
-    server.shell(
-        name=f"Install uv {host.data.vllm_uv_version}",
-        commands=[
-            f"test -x {uv} && {uv} --version | grep -qx 'uv {host.data.vllm_uv_version}' || "
-            f"(python3 -m venv {UV_VENV} && {UV_VENV}/bin/pip install --quiet uv=={host.data.vllm_uv_version})"
-        ],
+    yield (
+        f"test -x {uv} && {uv} --version | grep -qx 'uv {uv_version}' || "
+        f"(python3 -m venv {UV_VENV} && {UV_VENV}/bin/pip install --quiet uv=={uv_version})"
     )
-    vendor = serving.accelerator.vendor
     staging = f"{engine.venv}.partial"
     index = f" --extra-index-url {EXTRA_INDEX[vendor]}" if vendor in EXTRA_INDEX else ""
-    server.shell(
-        name=f"Install {engine.package}=={engine.version} and transformers=={engine.transformers_version} into {engine.venv}",
-        commands=[
-            f"rm -rf {staging}",
-            f"{uv} venv --relocatable --python {VENV_PYTHON[vendor]} {staging}",
-            f"VIRTUAL_ENV={staging} {uv} pip install{index} --index-strategy unsafe-best-match "
-            f"{engine.package}=={engine.version} transformers=={engine.transformers_version}",
-            # Built next to its final path, then moved: a failed install never leaves a half venv.
-            f"rm -rf {engine.venv} && mv {staging} {engine.venv}",
-        ],
+    yield f"rm -rf {staging}"
+    yield f"{uv} venv --relocatable --python {VENV_PYTHON[vendor]} {staging}"
+    yield (
+        f"VIRTUAL_ENV={staging} {uv} pip install{index} --index-strategy unsafe-best-match "
+        f"{engine.package}=={engine.version} transformers=={engine.transformers_version}"
     )
+    # Built next to its final path, then moved: a failed install never leaves a half venv.
+    yield f"rm -rf {engine.venv} && mv {staging} {engine.venv}"

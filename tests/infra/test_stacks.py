@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from gemmaserve.plan import plan
+from gemmaserve.sources import load_stack_spec
 from gemmaserve.spec import SpecError
-from gemmaserve.stack import load_stack_spec
 from tests.infra.conftest import HF_TOKEN, PROJECT, ROOT, STACKS, ProgramRun, run_program, stack_config
 
 INSTANCE = "gcp:compute/instance:Instance"

@@ -1,4 +1,4 @@
-"""The catalog's facts hold together and match the seeds."""
+"""The catalog's facts hold together and match their public sources."""
 
 import pytest
 
@@ -39,8 +39,8 @@ def test_26b_architecture():
     assert (m.num_experts, m.experts_per_token) == (128, 8)
 
 
-def test_e2b_kv_layers_match_seed03():
-    # Seed 03: "Number of Attention Layers: 15" for E2B (35 layers, 20 reuse earlier KV).
+def test_e2b_kv_layers_match_the_v6e4_writeup():
+    # the v6e-4 write-up: "Number of Attention Layers: 15" for E2B (35 layers, 20 reuse earlier KV).
     assert len(CATALOG.model("e2b").kv_layer_kinds) == 15
 
 
@@ -131,12 +131,12 @@ def test_v6e_types_and_runtime(chips, accelerator_type):
     assert tpu.runtime_version == "v2-alpha-tpuv6e"
 
 
-def test_v6e_hbm_per_chip_matches_seed03():
+def test_v6e_hbm_per_chip_matches_the_v6e4_writeup():
     assert CATALOG.accelerator("tpu-v6e").memory_gib == 31.25
 
 
 def test_interconnects():
-    assert CATALOG.accelerator("rtx-pro-6000").interconnect == "pcie"  # seed 02: PCIe Gen5 x16
+    assert CATALOG.accelerator("rtx-pro-6000").interconnect == "pcie"  # Callstack's write-up: PCIe Gen5 x16
     assert CATALOG.accelerator("h100-80gb").interconnect == "nvswitch"
     assert CATALOG.accelerator("mi300x").interconnect == "xgmi"
     assert CATALOG.accelerator("tpu-v6e").interconnect == "ici"

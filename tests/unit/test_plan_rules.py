@@ -1,4 +1,4 @@
-"""The planner's rules, one per test, each traced to a seed."""
+"""The planner's rules, one per test, each traced to its public source."""
 
 import json
 
@@ -287,19 +287,19 @@ def test_every_pair_plans_or_refuses_with_a_reason(model, kind, count):
     [
         ("e2b", "l4", 1, True),
         ("31b", "l4", 1, False),
-        ("31b", "a100-80gb", 1, True),  # seed 01: 1x 80 GB minimum
-        ("26b-a4b", "a100-80gb", 1, True),  # seed 05
-        ("31b", "tpu-v6e", 1, False),  # seed 01: 4x Trillium minimum
+        ("31b", "a100-80gb", 1, True),  # vLLM's Gemma 4 recipe: 1x 80 GB minimum
+        ("26b-a4b", "a100-80gb", 1, True),  # the A100 log
+        ("31b", "tpu-v6e", 1, False),  # vLLM's Gemma 4 recipe: 4x Trillium minimum
         ("31b", "tpu-v6e", 4, True),
-        ("26b-a4b", "tpu-v6e", 4, True),  # seed 04
-        ("31b", "mi300x", 1, True),  # seed 01: 1x MI300X for every model
+        ("26b-a4b", "tpu-v6e", 4, True),  # the Turbo-Stable write-up
+        ("31b", "mi300x", 1, True),  # vLLM's Gemma 4 recipe: 1x MI300X for every model
     ],
 )
-def test_minimum_hardware_matches_seed01(model, kind, count, fits):
+def test_minimum_hardware_matches_the_vllm_recipe(model, kind, count, fits):
     assert planned({"model": model, "accelerator": {"kind": kind, "count": count}}).ok is fits
 
 
 def test_headroom_rule_widens_tp_when_weights_take_over_half_a_device():
-    # E4B's 14.9 GiB on a 22 GiB L4 leaves ~3.6 GiB of KV at TP1: seed 02's "safer memory headroom" -> TP2.
+    # E4B's 14.9 GiB on a 22 GiB L4 leaves ~3.6 GiB of KV at TP1: Callstack's "safer memory headroom" -> TP2.
     result = planned({"model": "e4b", "accelerator": {"kind": "l4", "count": 8}})
     assert result.replicas[0].tensor_parallel_size == 2

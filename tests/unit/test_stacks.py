@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from gemmaserve.plan import plan
+from gemmaserve.sources import load_stack_spec, read_stack_config
 from gemmaserve.spec import SpecError
-from gemmaserve.stack import load_stack_spec, read_stack_config
 
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in ROOT.glob("Pulumi.*.yaml"))

@@ -29,8 +29,7 @@ from gemmaserve.kv_cache import (
     tpu_page_size_bytes,
 )
 from gemmaserve.plan import plan
-from gemmaserve.spec import parse_spec
-from gemmaserve.stack import read_stack_config
+from gemmaserve.sources import load_stack_spec
 from gemmaserve.vllm_releases import TPU_CITATIONS, VLLM_CITATIONS, VllmRelease, vllm_release
 
 pytestmark = pytest.mark.vllm
@@ -253,10 +252,7 @@ def test_grid_tells_every_rule_apart(oracle_results, version):
 
 
 def stack_plan(stack: str):
-    from gemmaserve.stack import SPEC_KEYS
-
-    config = {k: v for k, v in read_stack_config(stack, REPO).items() if k in SPEC_KEYS}
-    return plan(parse_spec(config, f"Pulumi.{stack}.yaml")).require_ok()
+    return plan(load_stack_spec(stack, REPO)).require_ok()
 
 
 def stack_case(stack: str) -> tuple[str, str, dict, KvCapacity]:

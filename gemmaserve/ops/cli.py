@@ -1,0 +1,268 @@
+"""The `gemmaserve` command line: plan, sandbox, tiny-model."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Serve Gemma 4 with vLLM on your own hardware.")
+
+EXIT_BAD_INPUT = 2
+EXIT_REFUSED = 3
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(message, err=True)
+    raise typer.Exit(code)
+
+
+def _overrides(
+    model: str | None,
+    accelerator: str | None,
+    count: int | None,
+    max_model_len: int | None,
+    gpu_memory_utilization: float | None,
+    kv_cache_dtype: str | None,
+    objective: str | None,
+    speculative: str | None,
+) -> dict[str, Any]:
+    """CLI flags as a partial spec; they win over stack config."""
+    data: dict[str, Any] = {}
+    if model:
+        data["model"] = model
+    acc: dict[str, Any] = {}
+    if accelerator:
+        acc["kind"] = accelerator
+    if count is not None:
+        acc["count"] = count
+    if acc:
+        data["accelerator"] = acc
+    workload: dict[str, Any] = {}
+    for key, value in (
+        ("max_model_len", max_model_len),
+        ("gpu_memory_utilization", gpu_memory_utilization),
+        ("kv_cache_dtype", kv_cache_dtype),
+        ("objective", objective),
+    ):
+        if value is not None:
+            workload[key] = value
+    if speculative:
+        method, _, tokens = speculative.partition(":")
+        workload["speculative"] = {"method": method, **({"num_tokens": tokens} if tokens else {})}
+    if workload:
+        data["workload"] = workload
+    return data
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+@app.command("plan")
+def plan_command(
+    stack: str | None = typer.Option(None, "--stack", help="Read Pulumi.STACK.yaml."),
+    project_dir: Path = typer.Option(Path("."), "--project-dir", help="Where the Pulumi.*.yaml files are."),
+    model: str | None = typer.Option(None, "--model", help="e2b, e4b, 31b, 26b-a4b or a Hugging Face id."),
+    accelerator: str | None = typer.Option(None, "--accelerator", help="Accelerator kind, e.g. rtx-pro-6000, tpu-v6e."),
+    count: int | None = typer.Option(None, "--count", help="Devices per host."),
+    max_model_len: int | None = typer.Option(None, "--max-model-len"),
+    gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization"),
+    kv_cache_dtype: str | None = typer.Option(None, "--kv-cache-dtype", help="auto or fp8."),
+    objective: str | None = typer.Option(None, "--objective", help="throughput, latency or balanced."),
+    speculative: str | None = typer.Option(None, "--speculative", help="none, mtp or ngram, optionally :TOKENS."),
+    vllm_version: str | None = typer.Option(
+        None, "--vllm-version", help="Pinned vLLM release (capacity is reported as it logs)."
+    ),
+    available_kv_gib: float | None = typer.Option(
+        None, "--available-kv-gib", help="Skip the memory estimate (check token accounting against a vLLM log)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Show the replicas, vLLM argv/env and KV-cache capacity a spec produces."""
+    from gemmaserve.plan import plan
+    from gemmaserve.sources import SPEC_KEYS, read_stack_config
+    from gemmaserve.spec import SpecError, parse_spec
+
+    flags = _overrides(
+        model, accelerator, count, max_model_len, gpu_memory_utilization, kv_cache_dtype, objective, speculative
+    )
+    if vllm_version:
+        flags["engine"] = {"vllm_version": vllm_version}
+    try:
+        if stack:
+            base = {k: v for k, v in read_stack_config(stack, project_dir).items() if k in SPEC_KEYS}
+            spec = parse_spec(_merge(base, flags), f"Pulumi.{stack}.yaml" + (" + flags" if flags else ""))
+        else:
+            if "model" not in flags or "accelerator" not in flags:
+                _fail("error: give --stack NAME, or at least --model and --accelerator", EXIT_BAD_INPUT)
+            spec = parse_spec(flags, "command-line flags")
+    except SpecError as error:
+        _fail(f"error: {error}", EXIT_BAD_INPUT)
+    if available_kv_gib is not None and available_kv_gib <= 0:
+        _fail(f"error: --available-kv-gib = {available_kv_gib}: must be > 0", EXIT_BAD_INPUT)
+
+    result = plan(spec, available_kv_gib=available_kv_gib)
+    if as_json:
+        if result.ok:
+            typer.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        _print_plan(result)
+    if not result.ok:
+        _fail("refused:\n" + "\n".join(f"  - {r}" for r in result.refusals), EXIT_REFUSED)
+
+
+def _print_plan(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    spec = result.spec
+    title = (
+        f"{result.model.hf_id} on {spec.accelerator.count} x {result.accelerator.name}"
+        f" (vLLM {spec.vllm_version}, {spec.engine.kind}, max_model_len {spec.max_model_len})"
+    )
+    table = Table(title=title)
+    for column in ("replica", "devices", "TP", "port", "weights GiB/dev", "KV GiB/dev", "KV tokens", "max concurrency"):
+        table.add_column(column, justify="right")
+    for r in result.replicas:
+        c = r.capacity
+        table.add_row(
+            str(r.index),
+            ",".join(map(str, r.devices)) or "-",
+            str(r.tensor_parallel_size),
+            str(r.port),
+            f"{c.weights_gib_per_device:.1f}",
+            f"{c.available_kv_cache_gib:.2f}" + ("" if c.estimated else " (given)"),
+            f"{c.kv_cache_tokens:,}",
+            f"{c.max_concurrency:.2f}x",
+        )
+    if result.replicas:
+        console.print(table)
+        first = result.replicas[0]
+        c = first.capacity
+        console.print(
+            f"KV cache counted as {c.accounting} (block size {c.block_size}, "
+            f"max_num_batched_tokens {c.max_num_batched_tokens})",
+            markup=False,
+            highlight=False,
+        )
+        console.print("[bold]replica 0 command[/bold] (others differ only in devices and port):")
+        devices = [f"{k}={v}" for k, v in first.env.items() if k.endswith("VISIBLE_DEVICES")]
+        console.print(" ".join(devices + [shlex.join(first.argv)]), soft_wrap=True, markup=False, highlight=False)
+        console.print("[bold]environment[/bold]:")
+        for key, value in first.env.items():
+            console.print(f"  {key}={value}", markup=False, highlight=False)
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+@app.command("demo")
+def demo(down: bool = typer.Option(False, "--down", help="Remove everything the demo made.")) -> None:
+    """Sandbox host -> real pyinfra deploy -> vLLM (CPU) + HAProxy -> verified endpoint."""
+    from gemmaserve.sandbox.demo import DemoError, run_demo, run_demo_down
+
+    try:
+        run_demo_down() if down else run_demo()
+    except DemoError as error:
+        _fail(f"demo failed: {error}", 1)
+
+
+@app.command("status")
+def status_command(
+    inventory: str = typer.Option("hosts/sandbox.py", "--inventory", help="A pyinfra inventory file."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Per host and replica: unit state, health, model, running/waiting requests, KV-cache and prefix-cache use."""
+    from gemmaserve.ops.status import as_json as status_json
+    from gemmaserve.ops.status import collect, print_table
+    from gemmaserve.spec import SpecError
+
+    try:
+        statuses = collect(inventory)
+    except (SpecError, FileNotFoundError) as error:
+        _fail(f"error: {error}", EXIT_BAD_INPUT)
+    typer.echo(status_json(statuses)) if as_json else print_table(statuses)
+
+
+@app.command("verify", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def verify(
+    ctx: typer.Context,
+    inventory: str = typer.Option("hosts/sandbox.py", "--inventory", help="A pyinfra inventory file."),
+) -> None:
+    """Run the testinfra verification suite (gemmaserve/ops/verify) against every host of an inventory."""
+    import subprocess
+
+    suite = Path(__file__).resolve().parent / "verify"
+    command = [sys.executable, "-m", "pytest", str(suite), "--inventory", inventory, "-p", "no:cacheprovider", "-q"]
+    raise typer.Exit(subprocess.call([*command, *ctx.args], cwd=Path.cwd()))
+
+
+@app.command("bench")
+def bench(
+    inventory: str = typer.Option("hosts/sandbox.py", "--inventory", help="A pyinfra inventory file."),
+    profile: list[str] = typer.Option(
+        ["prompt-heavy", "decode-heavy", "balanced"],
+        "--profile",
+        help="prompt-heavy (8000/1000), decode-heavy (1000/8000), balanced (1000/1000).",
+    ),
+    concurrency: str = typer.Option("1,16,32,64,128,256", "--concurrency", help="Comma-separated sweep."),
+    scale: float = typer.Option(
+        1.0, "--scale", help="Multiply the profiles' token lengths (e.g. 0.01 on the sandbox)."
+    ),
+    prompts_per_level: int = typer.Option(4, "--prompts-per-level", help="Prompts per unit of concurrency."),
+    out: Path = typer.Option(Path("bench-results"), "--out", help="Directory for bench.json and bench.png."),
+) -> None:
+    """Run `vllm bench serve` on each host against its load balancer; print a table, write JSON and a PNG plot."""
+    from gemmaserve.ops import bench as benchmark
+
+    unknown = [p for p in profile if p not in benchmark.PROFILES]
+    if unknown:
+        _fail(f"error: --profile = {unknown[0]!r}: allowed: {', '.join(benchmark.PROFILES)}", EXIT_BAD_INPUT)
+    try:
+        levels = [int(c) for c in concurrency.split(",")]
+        if any(c < 1 for c in levels):
+            raise ValueError
+    except ValueError:
+        _fail(f"error: --concurrency = {concurrency!r}: allowed: comma-separated positive integers", EXIT_BAD_INPUT)
+    if scale <= 0:
+        _fail(f"error: --scale = {scale}: must be > 0", EXIT_BAD_INPUT)
+    points = benchmark.run(inventory, profile, levels, scale, prompts_per_level, log=typer.echo)
+    out.mkdir(parents=True, exist_ok=True)
+    benchmark.write_json(points, out / "bench.json")
+    benchmark.print_table(points)
+    try:
+        benchmark.write_plot(points, out / "bench.png")
+    except ImportError:
+        typer.echo(f"wrote {out / 'bench.json'}; no plot: install the plot extra (pip install 'gemmaserve[plot]')")
+        return
+    typer.echo(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+
+
+@app.command("tiny-model")
+def tiny_model(out: str = typer.Argument(..., help="Directory to write the checkpoint to.")) -> None:
+    """Build a tiny, randomly initialised Gemma 4 checkpoint (a TEST model, not for production)."""
+    from gemmaserve.sandbox.tiny_model import build_tiny_model
+
+    path = build_tiny_model(out)
+    typer.echo(f"tiny test model written to {path}")
+
+
+def _register_subcommands() -> None:
+    # The sandbox sub-app imports only typer at module level, so `gemmaserve plan` stays under a second.
+    from gemmaserve.sandbox.cli import sandbox_app
+
+    app.add_typer(sandbox_app, name="sandbox", help="Local sandbox hosts (systemd-nspawn) for demos and tests.")
+
+
+_register_subcommands()

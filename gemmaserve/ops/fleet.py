@@ -1,0 +1,186 @@
+"""The fleet as an operator sees it: the hosts of a pyinfra inventory, each with its validated plan and an ssh
+connection, and the one way every command and test runs pyinfra against them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from gemmaserve.plan import Plan, plan
+from gemmaserve.sources import spec_from_host_data
+
+# The repository: deploy.py, hosts/ and roles/ live here, next to the package.
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_INVENTORY = "hosts/sandbox.py"
+
+
+@dataclass(frozen=True)
+class FleetHost:
+    """One host of an inventory: its name, its host data (group data merged, as pyinfra sees it) and its plan."""
+
+    name: str
+    data: Mapping[str, Any] = field(repr=False)
+
+    @cached_property
+    def plan(self) -> Plan:
+        """The plan its host data produces; bad host data raises SpecError naming host, field and value."""
+        return plan(spec_from_host_data(self.data, self.name)).require_ok()
+
+    def connect(self):
+        """A testinfra host over ssh (paramiko), with the address, user, port and key pyinfra would use."""
+        import testinfra
+
+        address = self.data.get("ssh_hostname") or self.name
+        user = self.data.get("ssh_user")
+        target = f"{user}@{address}" if user else address
+        if self.data.get("ssh_port"):
+            target += f":{self.data['ssh_port']}"
+        options: dict[str, Any] = {"ssh_identity_file": self.data["ssh_key"]} if self.data.get("ssh_key") else {}
+        if str(self.data.get("ssh_strict_host_key_checking", "")).lower() in ("off", "no", "false"):
+            # Inventories that turn host-key checking off (the sandbox regenerates keys on every boot).
+            config = Path(tempfile.mkdtemp(prefix="gemmaserve-ssh-")) / "config"
+            config.write_text("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
+            options["ssh_config"] = str(config)
+        return testinfra.get_host(f"paramiko://{target}", **options)
+
+
+def load(inventory: str | Path = DEFAULT_INVENTORY) -> list[FleetHost]:
+    """Every host of a pyinfra inventory file, read by pyinfra's own inventory loader.
+
+    The loader runs in a child interpreter: importing pyinfra's CLI package monkey-patches the whole
+    process for gevent, which must not happen to a process that already runs threads (pytest, paramiko).
+    """
+    path = Path(inventory)
+    if not path.is_absolute():
+        path = (Path.cwd() / path) if (Path.cwd() / path).exists() else REPO / path
+    if not path.is_file():
+        raise FileNotFoundError(f"--inventory {inventory}: no such inventory file")
+    result = subprocess.run(
+        [sys.executable, "-m", "gemmaserve.ops.fleet", str(path)], cwd=REPO, capture_output=True, text=True
+    )
+    if result.returncode:
+        raise InventoryError(f"{inventory}: pyinfra could not load it:\n{result.stderr.strip()[-2000:]}")
+    return [FleetHost(name, data) for name, data in json.loads(result.stdout)]
+
+
+class InventoryError(Exception):
+    pass
+
+
+def _dump_inventory(path: str) -> None:
+    """`python -m gemmaserve.ops.fleet INVENTORY`: [[name, host data], ...] as JSON, as pyinfra loads them."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    ctx_state.set(State())  # the loader records which file it executes on the current state
+    inventory = make_inventory(path, cwd=str(REPO))
+    print(json.dumps([[host.name, host.data.dict()] for host in inventory], default=str))
+
+
+@dataclass(frozen=True)
+class PyinfraRun:
+    """One pyinfra run: exit status, combined output, wall seconds."""
+
+    returncode: int
+    output: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def proposed_changes(self) -> list[str]:
+        """A dry run's operations with a detected change (pyinfra's "Change" column); conditional ones,
+        which depend on earlier operations, are not counted."""
+        lines = self.output.splitlines()
+        if "--> Detected changes:" not in (line.strip() for line in lines):
+            raise ValueError("no detected-changes table in pyinfra's output:\n" + self.output[-2000:])
+        start = next(i for i, line in enumerate(lines) if line.strip() == "--> Detected changes:")
+        changed = []
+        for line in lines[start + 2 :]:
+            if not line.strip():
+                break
+            name, change, _conditional = re.split(r"\s{2,}", line.strip())[-3:]
+            if change != "-":
+                changed.append(name)
+        return changed
+
+    def totals(self) -> tuple[int, int]:
+        """(operations, changed) from pyinfra's results table."""
+        match = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", self.output)
+        if not match:
+            raise ValueError("no results table in pyinfra's output:\n" + self.output[-2000:])
+        return int(match[1]), 0 if match[2] == "-" else int(match[2])
+
+
+def run_pyinfra(
+    inventory: str | Path = DEFAULT_INVENTORY,
+    deploy: str | Path = "deploy.py",
+    *,
+    limit: Iterable[str] = (),
+    env: Mapping[str, str | None] | None = None,
+    dry: bool = False,
+    verbose: bool = False,
+    on_line: Callable[[str], None] | None = None,
+    timeout: float | None = None,
+) -> PyinfraRun:
+    """Run the pyinfra CLI from the repository, as a user would; `env` adds (or, with None, removes) variables.
+
+    `dry` prints every decision (`--dry`, with noop reasons) and changes nothing; otherwise the run applies
+    without asking (`-y`). `on_line` sees each output line as it comes (progress for long deploys).
+    """
+    command = [sys.executable, "-m", "pyinfra", "--dry" if dry else "-y"]
+    if verbose or dry:
+        command.append("-v")
+    for name in limit:
+        command += ["--limit", name]
+    command += [str(inventory), str(deploy)]
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for key, value in (env or {}).items():
+        if value is None:
+            environment.pop(key, None)
+        else:
+            environment[key] = value
+    started = time.monotonic()
+    lines: list[str] = []
+    with subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=environment,
+    ) as process:
+        watchdog = threading.Timer(timeout, process.kill) if timeout else None
+        if watchdog:
+            watchdog.start()
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line)
+                if on_line:
+                    on_line(line.rstrip("\n"))
+        finally:
+            if watchdog:
+                watchdog.cancel()
+    returncode = process.wait()
+    if returncode < 0 and timeout:
+        lines.append(f"\n(gemmaserve: pyinfra stopped after the {timeout:.0f} s timeout)\n")
+    return PyinfraRun(returncode, "".join(lines), time.monotonic() - started)
+
+
+if __name__ == "__main__":
+    _dump_inventory(sys.argv[1])

@@ -1,0 +1,121 @@
+"""`gemmaserve status`: per host and replica, unit state, health, model, load and cache use, read over ssh
+from each replica's own /health, /v1/models and /metrics (replicas listen on loopback behind HAProxy)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass
+
+from gemmaserve.ops import fleet
+from gemmaserve.plan import Plan
+
+SEPARATOR = "----gemmaserve-status----"
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eE]+|NaN)$")
+
+
+@dataclass
+class ReplicaStatus:
+    host: str
+    index: int
+    unit: str
+    state: str
+    healthy: bool
+    model: str | None
+    running: float | None
+    waiting: float | None
+    kv_cache_usage: float | None
+    prefix_cache_hit_rate: float | None
+
+
+def metric_sums(text: str) -> dict[str, float]:
+    """Prometheus text format -> {metric name: sum over its label sets}."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match and match["value"] != "NaN":
+            sums[match["name"]] = sums.get(match["name"], 0.0) + float(match["value"])
+    return sums
+
+
+def replica_status(
+    host: str, index: int, state: str, health_code: str, models_json: str, metrics: str
+) -> ReplicaStatus:
+    sums = metric_sums(metrics)
+    try:
+        model = json.loads(models_json)["data"][0]["id"]
+    except (ValueError, KeyError, IndexError):
+        model = None
+    queries = sums.get("vllm:prefix_cache_queries_total")
+    hits = sums.get("vllm:prefix_cache_hits_total")
+    return ReplicaStatus(
+        host=host,
+        index=index,
+        unit=f"vllm@{index}.service",
+        state=state,
+        healthy=health_code == "200",
+        model=model,
+        running=sums.get("vllm:num_requests_running"),
+        waiting=sums.get("vllm:num_requests_waiting"),
+        kv_cache_usage=sums.get("vllm:kv_cache_usage_perc"),
+        prefix_cache_hit_rate=(hits / queries) if queries else None,
+    )
+
+
+def probe_script(serving: Plan) -> str:
+    """One shell command that prints, per replica: unit state, /health code, /v1/models, /metrics."""
+    parts = []
+    for r in serving.replicas:
+        base = r.url
+        parts.append(
+            f"systemctl is-active vllm@{r.index} || true; echo {SEPARATOR}; "
+            f"curl -s -m 3 -o /dev/null -w '%{{http_code}}' {base}/health || true; echo; echo {SEPARATOR}; "
+            f"curl -s -m 3 {base}/v1/models || true; echo; echo {SEPARATOR}; "
+            f"curl -s -m 3 {base}/metrics || true; echo {SEPARATOR}"
+        )
+    return "; ".join(parts)
+
+
+def collect(inventory: str) -> list[ReplicaStatus]:
+    statuses = []
+    for host in fleet.load(inventory):
+        name, serving = host.name, host.plan
+        output = host.connect().run(f"sh -c {shlex.quote(probe_script(serving))}").stdout
+        chunks = output.split(SEPARATOR)
+        for replica in serving.replicas:
+            state, code, models, metrics = (c.strip() for c in chunks[replica.index * 4 : replica.index * 4 + 4])
+            statuses.append(replica_status(name, replica.index, state, code, models, metrics))
+    return statuses
+
+
+def as_json(statuses: list[ReplicaStatus]) -> str:
+    return json.dumps({"replicas": [asdict(s) for s in statuses]}, indent=2)
+
+
+def print_table(statuses: list[ReplicaStatus]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="gemmaserve status")
+    for column in ("host", "replica", "unit", "health", "model", "running", "waiting", "KV cache", "prefix hits"):
+        table.add_column(column)
+
+    def number(value: float | None, percent: bool = False) -> str:
+        if value is None:
+            return "-"
+        return f"{value * 100:.1f}%" if percent else f"{value:g}"
+
+    for s in statuses:
+        table.add_row(
+            s.host,
+            str(s.index),
+            s.state,
+            "[green]ok[/green]" if s.healthy else "[red]down[/red]",
+            s.model or "-",
+            number(s.running),
+            number(s.waiting),
+            number(s.kv_cache_usage, True),
+            number(s.prefix_cache_hit_rate, True),
+        )
+    Console().print(table)

@@ -1,0 +1,64 @@
+"""The verification suite's hosts: every host of --inventory, with the plan its host data produces.
+
+Expectations come from the plan, so the same tests check the sandbox in CI and a production host.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gemmaserve.ops import fleet
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--inventory", default=None, help="pyinfra inventory of the hosts to verify (e.g. hosts/gpu8.py)")
+
+
+def _hosts(config):
+    inventory = config.getoption("--inventory")
+    if not inventory:
+        raise pytest.UsageError("give --inventory: the pyinfra inventory of the hosts to verify")
+    return [(host.name, host, host.plan) for host in fleet.load(inventory)]
+
+
+def pytest_generate_tests(metafunc) -> None:
+    """Parametrize per host, and per replica where a test asks for `replica`."""
+    if "target" not in metafunc.fixturenames:
+        return
+    hosts = _hosts(metafunc.config)
+    if not hosts:
+        raise pytest.UsageError(f"{metafunc.config.getoption('--inventory')}: the inventory has no hosts")
+    if "replica" in metafunc.fixturenames:
+        cases = [((name, data, serving), r) for name, data, serving in hosts for r in serving.replicas]
+        metafunc.parametrize(
+            "target,replica", cases, ids=[f"{c[0][0]}-replica{c[1].index}" for c in cases], indirect=["target"]
+        )
+    else:
+        metafunc.parametrize("target", hosts, ids=[h[0] for h in hosts], indirect=True)
+
+
+class Target:
+    def __init__(self, name, fleet_host, serving):
+        self.name, self.data, self.plan = name, fleet_host.data, serving
+        self.host = fleet_host.connect()
+
+    @property
+    def router(self) -> str:
+        return f"http://127.0.0.1:{self.plan.router_port}"
+
+    def curl(self, path: str, payload: str | None = None) -> tuple[int, str]:
+        data = f" -H 'Content-Type: application/json' --data @- <<'EOF'\n{payload}\nEOF" if payload else ""
+        out = self.host.run(f"curl -s -m 120 -w '\\n%{{http_code}}' {self.router}{path}{data}").stdout
+        body, _, code = out.rpartition("\n")
+        return int(code or 0), body
+
+
+_TARGETS: dict[str, Target] = {}
+
+
+@pytest.fixture
+def target(request) -> Target:
+    name, data, serving = request.param
+    if name not in _TARGETS:
+        _TARGETS[name] = Target(name, data, serving)
+    return _TARGETS[name]

@@ -1,0 +1,144 @@
+"""Is this host serving what its plan says? One fact per test; expectations from the plan.
+
+gemmaserve verify --inventory hosts/gpu8.py
+pytest tests/verify --inventory hosts/sandbox.py
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from gemmaserve.ops.endpoint import CITY_SCHEMA, WEATHER_TOOL, schema_problems
+
+ALERT_METRICS = ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_requests_running")
+
+
+# --- the accelerator, where there is one ---------------------------------------------------------
+
+
+def test_accelerator_visible(target):
+    acc, count = target.plan.accelerator, target.plan.spec.accelerator.count
+    if acc.vendor == "nvidia":
+        found = len(target.host.run("nvidia-smi -L").stdout.strip().splitlines())
+        version = target.host.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()[0]
+        assert version.split(".")[0] == str(target.data.get("nvidia_driver_branch", 580)), version
+    elif acc.vendor == "amd":
+        found = len(re.findall(r"^GPU\[\d+\]", target.host.run("rocm-smi --showid").stdout, re.M)) or len(
+            target.host.run("ls -d /sys/class/kfd/kfd/topology/nodes/*/gpu_id").stdout.split()
+        )
+    elif acc.vendor == "google":
+        found = len(target.host.run("ls /dev/accel* /dev/vfio/[0-9]* 2>/dev/null").stdout.split())
+    else:
+        # The cpu profile: the replicas' cores are the device; the host must have them.
+        found = count if int(target.host.run("nproc").stdout.strip()) >= 1 else 0
+    assert found >= count, f"{acc.name}: {found} visible, plan needs {count}"
+
+
+# --- units and ports -------------------------------------------------------------------------------
+
+
+def test_replica_unit_enabled_and_active(target, replica):
+    service = target.host.service(f"vllm@{replica.index}.service")
+    assert service.is_enabled and service.is_running
+
+
+@pytest.mark.parametrize("unit", ["haproxy.service", "gemmaserve-cache-restore.service", "prometheus.service"])
+def test_support_unit_enabled_and_active(target, unit):
+    service = target.host.service(unit)
+    assert service.is_enabled and service.is_running
+
+
+def test_replica_listens_on_its_planned_address(target, replica):
+    address = target.plan.spec.serving.bind_address
+    assert target.host.socket(f"tcp://{address}:{replica.port}").is_listening
+
+
+def test_router_listens(target):
+    assert target.host.socket(f"tcp://0.0.0.0:{target.plan.router_port}").is_listening
+
+
+def test_haproxy_backend_up(target, replica):
+    rows = json.loads(target.host.run("python3 /opt/gemmaserve/lib/haproxy_admin.py status vllm").stdout)
+    assert rows.get(f"replica{replica.index}") == "UP"
+
+
+def test_replica_runs_the_planned_argv(target, replica):
+    pid = target.host.run(f"systemctl show -p MainPID --value vllm@{replica.index}").stdout.strip()
+    cmdline = target.host.file(f"/proc/{pid}/cmdline").content_string.split("\0")
+    assert replica.argv[2:] == cmdline[cmdline.index("serve") + 1 :][: len(replica.argv) - 2]
+
+
+# --- the endpoint, through the host's load balancer -----------------------------------------------
+
+
+def test_health(target):
+    assert target.curl("/health")[0] == 200
+
+
+def test_models_lists_the_served_model(target):
+    code, body = target.curl("/v1/models")
+    assert code == 200 and target.plan.model.hf_id in [m["id"] for m in json.loads(body)["data"]]
+
+
+def test_chat_completion(target):
+    payload = {"model": target.plan.model.hf_id, "max_tokens": 8, "messages": [{"role": "user", "content": "Hello"}]}
+    code, body = target.curl("/v1/chat/completions", json.dumps(payload))
+    assert code == 200 and json.loads(body)["usage"]["completion_tokens"] > 0
+
+
+def test_json_schema_output_validates(target):
+    payload = {
+        "model": target.plan.model.hf_id,
+        "max_tokens": 400,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Weather in Paris as JSON."}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}},
+    }
+    code, body = target.curl("/v1/chat/completions", json.dumps(payload))
+    assert code == 200
+    assert schema_problems(json.loads(json.loads(body)["choices"][0]["message"]["content"])) == []
+
+
+def test_tools_request_accepted(target):
+    payload = {
+        "model": target.plan.model.hf_id,
+        "max_tokens": 16,
+        "tools": [WEATHER_TOOL],
+        "messages": [{"role": "user", "content": "Weather in Tokyo?"}],
+    }
+    assert target.curl("/v1/chat/completions", json.dumps(payload))[0] == 200
+
+
+@pytest.mark.parametrize("metric", ALERT_METRICS)
+def test_metrics_carry_what_the_alerts_use(target, metric):
+    code, body = target.curl("/metrics")
+    assert code == 200 and metric in body
+
+
+# --- secrets and caches ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["/etc/systemd/system/vllm@.service", "/etc/gemmaserve/replica-*.env"])
+def test_no_token_in_unit_or_env_files(target, where):
+    assert not re.search(r"HF_TOKEN=|hf_[A-Za-z0-9]{20,}", target.host.run(f"cat {where}").stdout)
+
+
+def test_no_token_in_replica_environment(target, replica):
+    pid = target.host.run(f"systemctl show -p MainPID --value vllm@{replica.index}").stdout.strip()
+    environ = target.host.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
+    assert "HF_TOKEN=" not in environ
+    if target.plan.spec.secret:
+        assert f"HF_TOKEN_PATH=/run/credentials/vllm@{replica.index}.service/hf-token" in environ
+
+
+def test_compile_cache_on_tmpfs(target, replica):
+    cache = next(v for k, v in replica.env.items() if k in ("VLLM_CACHE_ROOT", "VLLM_XLA_CACHE_PATH"))
+    assert target.host.run(f"stat -f -c %T {cache.rsplit('/', 2)[0]}").stdout.strip() == "tmpfs"
+
+
+def test_compile_cache_restore_ran(target):
+    log = target.host.run("journalctl -u gemmaserve-cache-restore -b --no-pager -o cat").stdout
+    assert re.search(r"restore took [0-9.]+ s", log)

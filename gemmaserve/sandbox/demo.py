@@ -1,0 +1,120 @@
+"""`make demo`: a sandbox host, deployed for real with pyinfra, serving the tiny test model, verified."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from rich.console import Console
+
+from gemmaserve.ops import fleet
+from gemmaserve.ops.endpoint import check_endpoint
+from gemmaserve.plan import Plan, plan
+from gemmaserve.sandbox.profile import TINY_MODEL_DIR, sandbox_host_data
+from gemmaserve.sources import spec_from_host_data
+
+# The vllm role's own program builds the CPU engine, on hosts and here alike.
+VLLM_CPU_BUILDER = fleet.REPO / "roles" / "vllm" / "files" / "vllm_cpu.py"
+console = Console(highlight=False, soft_wrap=True)
+
+
+class DemoError(Exception):
+    pass
+
+
+def _step(title: str):
+    console.print(f"[bold cyan]==>[/bold cyan] {title}")
+    return time.perf_counter()
+
+
+def _done(start: float, what: str = "done") -> float:
+    elapsed = time.perf_counter() - start
+    console.print(f"    {what} in {elapsed:.1f} s")
+    return elapsed
+
+
+def sandbox_plan() -> Plan:
+    """What sandbox hosts serve (the `cpu` profile with the tiny test model)."""
+    return plan(spec_from_host_data(sandbox_host_data(), "sandbox")).require_ok()
+
+
+def ensure_engine() -> str:
+    """The vLLM CPU venv, built once with the vllm role's own builder; returns its python."""
+    engine = sandbox_plan().engine
+    start = _step(f"vLLM CPU {engine.version} venv at {engine.venv} (built once, ~2 min on 2 cores)")
+    parent = engine.venv.rsplit("/", 1)[0]
+    subprocess.run(
+        [sys.executable, str(VLLM_CPU_BUILDER), "build", "--version", engine.version, "--prefix", parent], check=True
+    )
+    _done(start)
+    return f"{engine.venv}/bin/python"
+
+
+def ensure_engine_and_model() -> None:
+    """The prebuilt vLLM CPU venv (bound read-only into hosts) and the tiny test model."""
+    from gemmaserve.sandbox.tiny_model import build_tiny_model
+
+    ensure_engine()
+    start = _step(f"tiny Gemma 4 TEST model at {TINY_MODEL_DIR}")
+    if not (TINY_MODEL_DIR / "gemmaserve_test_model.json").is_file():
+        build_tiny_model(TINY_MODEL_DIR)
+        _done(start, "built")
+    else:
+        console.print("    already built")
+
+
+def deploy(inventory: str = fleet.DEFAULT_INVENTORY) -> float:
+    """Run the real pyinfra CLI on the inventory, showing each operation as it starts."""
+    start = _step(f"pyinfra {inventory} deploy.py")
+
+    def progress(line: str) -> None:
+        if line.startswith("--> Starting operation:"):
+            console.print(f"    [dim]{time.perf_counter() - start:6.1f}s[/dim] {line.split(':', 1)[1].strip()}")
+
+    run = fleet.run_pyinfra(inventory, on_line=progress)
+    if not run.ok:
+        raise DemoError("pyinfra deploy failed:\n" + "\n".join(run.output.splitlines()[-40:]))
+    return _done(start, "deployed")
+
+
+def run_demo() -> None:
+    from gemmaserve import sandbox
+
+    total = time.perf_counter()
+    ensure_engine_and_model()
+    start = _step("sandbox host (Debian bookworm under systemd-nspawn)")
+    sandbox.up(1, log=lambda message: console.print(f"    {message}"))
+    _done(start)
+    deploy()
+    start = _step("verify the endpoint: models, chat, json_schema, tools, /metrics")
+    endpoint = next(h.endpoint for h in sandbox.status() if h.name == "sandbox-1")
+    if not endpoint:
+        raise DemoError("sandbox-1's load balancer does not answer /health on port 8080")
+    report = check_endpoint(endpoint)
+    _done(start, "all checks passed")
+    model = report.models[0]
+    console.print()
+    console.print(
+        f"[bold green]Endpoint:[/bold green] {endpoint}   (model {model}, ready in {time.perf_counter() - total:.0f} s)"
+    )
+    console.print("[yellow]The model is a randomly initialised TEST model: its text is meaningless by design.[/yellow]")
+    console.print(f"Sample chat completion: {report.chat_text!r}")
+    console.print(f"Structured output (json_schema, validated): {report.structured}")
+    console.print(
+        f"\nTry it:\n  curl {endpoint}/models\n"
+        f"  curl {endpoint}/chat/completions -H 'Content-Type: application/json' \\\n"
+        f'    -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 16}}\'\n'
+        f"  python3 -c \"from openai import OpenAI; c = OpenAI(base_url='{endpoint}', api_key='EMPTY'); "
+        f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hi'}}], max_tokens=16))\"\n"
+        f"  gemmaserve sandbox ssh sandbox-1 -- systemctl status 'vllm@*' haproxy\n"
+        f"  make demo-down   # removes the host, its network and cgroups"
+    )
+
+
+def run_demo_down() -> None:
+    from gemmaserve import sandbox
+
+    start = _step("removing sandbox hosts")
+    sandbox.down(log=lambda message: console.print(f"    {message}"))
+    _done(start)

@@ -1,0 +1,82 @@
+"""Where a spec comes from: a Pulumi stack file (`gemmaserve:` keys) or pyinfra host data (`gemmaserve_*` keys)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gemmaserve.spec import Spec, SpecError, parse_spec
+
+NAMESPACE = "gemmaserve"
+# The spec's own top-level fields, as the model declares them.
+SPEC_KEYS = tuple(Spec.model_fields)
+# Stack keys only the Pulumi program reads (validated in infra/config.py).
+INFRA_KEYS = ("cloud", "hfToken")
+
+HOST_PREFIX = "gemmaserve_"
+# Host-data keys that are not part of the spec but are read by gemmaserve's roles or inventories.
+HOST_OTHER_KEYS = ("gemmaserve_sandbox", "gemmaserve_sandbox_index", "gemmaserve_allow_reboot", "gemmaserve_gpu_facts")
+
+
+def stack_file(stack: str, project_dir: Path = Path(".")) -> Path:
+    return project_dir / f"Pulumi.{stack}.yaml"
+
+
+def read_stack_config(stack: str, project_dir: Path = Path(".")) -> dict[str, Any]:
+    """The `gemmaserve:` keys of a stack, without the namespace."""
+    path = stack_file(stack, project_dir)
+    if not path.is_file():
+        existing = sorted(
+            p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in project_dir.glob("Pulumi.*.yaml")
+        )
+        raise SpecError([f"stack = {stack!r}: no {path}; allowed: {', '.join(existing) or 'none found'}"], "stack")
+    document = yaml.safe_load(path.read_text()) or {}
+    config = document.get("config") or {}
+    ours: dict[str, Any] = {}
+    for key, value in config.items():
+        namespace, _, name = key.partition(":")
+        if namespace == NAMESPACE:
+            ours[name] = value
+    unknown = [k for k in ours if k not in SPEC_KEYS + INFRA_KEYS]
+    if unknown:
+        raise SpecError(
+            [f"{NAMESPACE}:{k}: unknown config key; allowed: {', '.join(SPEC_KEYS + INFRA_KEYS)}" for k in unknown],
+            str(path),
+        )
+    return ours
+
+
+def spec_keys_of(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec part of a stack's `gemmaserve:` keys."""
+    return {k: v for k, v in config.items() if k in SPEC_KEYS}
+
+
+def spec_from_config(config: Mapping[str, Any], source: str = "stack config") -> Spec:
+    return parse_spec(spec_keys_of(config), source)
+
+
+def load_stack_spec(stack: str, project_dir: Path = Path(".")) -> Spec:
+    return spec_from_config(read_stack_config(stack, project_dir), str(stack_file(stack, project_dir)))
+
+
+def stack_host_data(stack: str, project_dir: Path = Path(".")) -> dict[str, Any]:
+    """A stack's spec as pyinfra host data (`gemmaserve_model`, ...), for inventories of its hosts."""
+    return {f"{HOST_PREFIX}{k}": v for k, v in spec_keys_of(read_stack_config(stack, project_dir)).items()}
+
+
+def spec_from_host_data(data: Mapping[str, Any], host_name: str = "host") -> Spec:
+    """Validate a host's data; SpecError names host, field, value and what is allowed."""
+    ours = {key: value for key, value in data.items() if key.startswith(HOST_PREFIX)}
+    unknown = sorted(k for k in ours if k.removeprefix(HOST_PREFIX) not in SPEC_KEYS and k not in HOST_OTHER_KEYS)
+    problems = [
+        f"{k}: unknown host data key; allowed: {', '.join(HOST_PREFIX + s for s in SPEC_KEYS)}, "
+        f"{', '.join(HOST_OTHER_KEYS)}"
+        for k in unknown
+    ]
+    if problems:
+        raise SpecError(problems, f"host data of {host_name}")
+    spec_data = {k.removeprefix(HOST_PREFIX): v for k, v in ours.items() if k.removeprefix(HOST_PREFIX) in SPEC_KEYS}
+    return parse_spec(spec_data, f"host data of {host_name}")

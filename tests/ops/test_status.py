@@ -1,0 +1,39 @@
+"""Parsing what `gemmaserve status` reads from a replica."""
+
+import json
+
+from gemmaserve.ops.status import metric_sums, probe_script, replica_status
+from gemmaserve.plan import plan
+from gemmaserve.sandbox.profile import sandbox_host_data
+from gemmaserve.sources import spec_from_host_data
+
+METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 200.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 50.0
+"""
+
+
+def test_metric_sums_ignore_comments_and_sum_label_sets():
+    sums = metric_sums(METRICS + 'vllm:num_requests_running{engine="1",model_name="m"} 2.0\n')
+    assert sums["vllm:num_requests_running"] == 5.0 and sums["vllm:kv_cache_usage_perc"] == 0.25
+
+
+def test_replica_status_fields():
+    status = replica_status("h", 0, "active", "200", json.dumps({"data": [{"id": "m"}]}), METRICS)
+    assert (status.healthy, status.model, status.running, status.waiting) == (True, "m", 3.0, 1.0)
+    assert status.prefix_cache_hit_rate == 0.25
+
+
+def test_down_replica_has_no_numbers():
+    status = replica_status("h", 1, "failed", "000", "", "")
+    assert not status.healthy and status.model is None and status.kv_cache_usage is None
+
+
+def test_probe_script_covers_every_replica():
+    data = {**sandbox_host_data(), "gemmaserve_accelerator": {"kind": "cpu", "count": 2}}
+    script = probe_script(plan(spec_from_host_data(data)))
+    assert "127.0.0.1:8000/metrics" in script and "127.0.0.1:8001/metrics" in script

@@ -1,0 +1,28 @@
+"""pyinfra deploy file for dry runs against sandbox hosts that play a GPU box.
+
+Loads the real deploy.py after overriding the GPU facts a sandbox cannot have (from the host data key
+`gemmaserve_gpu_facts`); every other fact (distro, packages, files, services) is read from the host.
+Used only with `pyinfra --dry`.
+"""
+
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api.host import Host
+
+from roles.nvidia import NvidiaDockerRuntime, NvidiaGpuCount, NvidiaKernelModule
+
+FAKE = {
+    NvidiaGpuCount: host.data.gemmaserve_gpu_facts["gpu_count"],
+    NvidiaKernelModule: host.data.gemmaserve_gpu_facts.get("kernel_module"),
+    NvidiaDockerRuntime: host.data.gemmaserve_gpu_facts.get("docker_runtime", False),
+}
+_real_get_fact = Host.get_fact
+
+
+def _get_fact(self, cls, *args, **kwargs):
+    return FAKE[cls] if cls in FAKE else _real_get_fact(self, cls, *args, **kwargs)
+
+
+Host.get_fact = _get_fact
+exec(compile((Path(__file__).resolve().parents[3] / "deploy.py").read_text(), "deploy.py", "exec"))

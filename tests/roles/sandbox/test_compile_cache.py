@@ -1,0 +1,125 @@
+"""A replica with torch.compile on (no --enforce-eager) on a host of its own: the compile cache on
+/dev/shm is what a restart reuses, and after /dev/shm is wiped (a reboot, a preemption) the copy saved
+to disk is restored so nothing is compiled again. "Compiled again" is read from the files inductor
+writes for each kernel it builds, not from timings."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from gemmaserve.plan import plan
+from gemmaserve.sandbox.profile import sandbox_host_data
+from gemmaserve.sources import spec_from_host_data
+from tests.sandbox_fixtures import deploy, wait_until
+
+pytestmark = pytest.mark.sandbox
+
+COMPILED = {"gemmaserve_workload": {**sandbox_host_data()["gemmaserve_workload"], "enforce_eager": False}}
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@pytest.fixture(scope="module")
+def compiled(fresh_sandbox_host, sandbox_ssh_config, tmp_path_factory):
+    import testinfra
+
+    from gemmaserve.sandbox.state import SSH_KEY, SSH_USER
+
+    result = deploy(fresh_sandbox_host.name, COMPILED, tmp_path_factory.mktemp("compiled"))
+    assert result.returncode == 0, result.output[-4000:]
+    serving = plan(spec_from_host_data({**sandbox_host_data(), **COMPILED})).require_ok()
+    remote = testinfra.get_host(
+        f"paramiko://{SSH_USER}@{fresh_sandbox_host.address}",
+        ssh_config=sandbox_ssh_config,
+        ssh_identity_file=str(SSH_KEY),
+    )
+    return fresh_sandbox_host, serving, remote
+
+
+def kernels(remote, key: str) -> dict[str, float]:
+    """The C++ kernels inductor built for this cache key, with their modification times: a kernel built
+    again is written again (same hashed name, new time); a restored one keeps its time (copy2)."""
+    found = remote.run(
+        f"find /dev/shm/gemmaserve/{key} -type f \\( -name '*.so' -o -name '*.cpp' \\) -printf '%P %T@\\n'"
+    )
+    assert found.rc == 0, found.stderr
+    return {path: float(mtime) for path, mtime in (line.rsplit(" ", 1) for line in found.stdout.splitlines())}
+
+
+def restart_and_wait(remote, command: str) -> None:
+    """Run `command`, wait for the new vLLM's /health, then until HAProxy routes to it again."""
+    assert remote.run(command).rc == 0
+    wait_until(
+        lambda: remote.run("curl -fsS -o /dev/null http://127.0.0.1:8000/health").rc == 0,
+        600,
+        "the compiled replica to report healthy",
+    )
+    status = "python3 /opt/gemmaserve/lib/haproxy_admin.py status vllm"
+    wait_until(
+        lambda: json.loads(remote.run(status).stdout or "{}") == {"replica0": "UP"},
+        600,
+        "HAProxy to route to the compiled replica again",
+    )
+
+
+def chat(host, model: str) -> str:
+    body = json.dumps(
+        {"model": model, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+    ).encode()
+    request = urllib.request.Request(
+        f"http://{host.address}:8080/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with _OPENER.open(request, timeout=120) as response:
+        return json.loads(response.read())["choices"][0]["finish_reason"]
+
+
+def test_compiled_replica_serves(compiled):
+    host, serving, remote = compiled
+    replica = serving.replicas[0]
+    assert "--enforce-eager" not in replica.argv
+    env = remote.file("/etc/gemmaserve/replica-0.env").content_string
+    assert "VLLM_USE_AOT_COMPILE=0" in env and "--enforce-eager" not in env
+    # The role installed what inductor needs to build kernels: a C++ compiler and Python's headers.
+    assert remote.package("g++").is_installed and remote.package("python3-dev").is_installed
+    assert chat(host, serving.model.hf_id) in ("length", "stop")
+
+
+def test_first_start_compiled_kernels_into_the_shm_cache(compiled):
+    _, serving, remote = compiled
+    assert kernels(remote, serving.replicas[0].cache_key), "torch.compile left no kernels in the /dev/shm cache"
+
+
+def test_warm_restart_compiles_nothing(compiled):
+    _, serving, remote = compiled
+    key = serving.replicas[0].cache_key
+    before = kernels(remote, key)
+    restart_and_wait(remote, "systemctl restart vllm@0")
+    assert kernels(remote, key) == before
+
+
+def test_cache_restored_from_disk_after_shm_is_wiped(compiled):
+    """As after a reboot or a preemption: /dev/shm is empty, the disk copy comes back before vLLM starts."""
+    host, serving, remote = compiled
+    key = serving.replicas[0].cache_key
+    before = kernels(remote, key)
+    # Stopping the restore unit saves to disk (its ExecStop), as at shutdown.
+    assert remote.run("systemctl stop vllm@0 && systemctl stop gemmaserve-cache-restore").rc == 0
+    assert remote.run('rm -rf /dev/shm/gemmaserve/* && test -z "$(ls /dev/shm/gemmaserve)"').rc == 0
+    restart_and_wait(remote, "systemctl start gemmaserve-cache-restore && systemctl start vllm@0")
+    assert kernels(remote, key) == before
+    assert chat(host, serving.model.hf_id) in ("length", "stop")
+
+
+def test_cold_start_compiles_again(compiled):
+    """The check above can fail: with the caches gone everywhere, vLLM does build kernels anew."""
+    _, serving, remote = compiled
+    key = serving.replicas[0].cache_key
+    assert (
+        remote.run("systemctl stop vllm@0 && rm -rf /dev/shm/gemmaserve/* /var/lib/gemmaserve/compile-cache/*").rc == 0
+    )
+    started = float(remote.run("date +%s.%N").stdout)
+    restart_and_wait(remote, "systemctl start vllm@0")
+    rebuilt = kernels(remote, key)
+    assert rebuilt and min(rebuilt.values()) >= started

@@ -1,0 +1,196 @@
+"""Sandbox hosts for the tests that deploy to real hosts: brought up once per session and always torn down."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gemmaserve.sandbox import state
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "sandbox_teardown: checks what `down` leaves behind; runs before other sandbox tests"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The teardown checks must run while no session host is up, or the NAT table
+    # (removed only with the last host) could not be checked.
+    items.sort(key=lambda item: item.get_closest_marker("sandbox_teardown") is None)
+
+
+def sandbox_prerequisites() -> list[str]:
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root (netns, veth, cgroups, systemd-nspawn)")
+    if shutil.which("systemd-nspawn") is None and shutil.which("apt-get") is None:
+        missing.append("systemd-nspawn (package systemd-container), and no apt-get to install it")
+    if not os.path.exists("/proc/self/mounts") or "cgroup" not in open("/proc/self/mounts").read():
+        missing.append("a mounted cgroup hierarchy")
+    return missing
+
+
+@pytest.fixture(scope="session")
+def sandbox_ready() -> None:
+    """Skip without the prerequisites; with CI=true, fail loudly instead of skipping."""
+    missing = sandbox_prerequisites()
+    if not missing:
+        return
+    reason = "sandbox hosts need " + "; ".join(missing)
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+class SandboxTeardown:
+    """Downs the hosts this session started, once: from the finalizer, or atexit as a last resort.
+
+    SIGTERM and SIGHUP become KeyboardInterrupt, so an `up` in progress unwinds (tearing down
+    its half-made host and releasing the sandbox lock) and pytest runs the finalizers.
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.started = False
+        self.previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        for sig in self.previous:
+            signal.signal(sig, self._on_signal)
+        atexit.register(self)
+
+    def __call__(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        from gemmaserve.sandbox import lifecycle
+
+        try:
+            ours = [h.name for h in state.load_state().hosts if h.name in self.names]
+            if ours:
+                lifecycle.down(ours)
+        finally:
+            atexit.unregister(self)
+            for sig, handler in self.previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if not self.started:  # a signal during teardown must not cut it short
+            raise KeyboardInterrupt(f"signal {signum}: tearing the sandbox hosts down")
+
+
+def bring_up(indices: list[int], request: pytest.FixtureRequest) -> list[state.Host]:
+    """Up the given hosts; only the ones this call started are torn down afterwards."""
+    from gemmaserve.sandbox import lifecycle
+
+    already = {h.name for h in lifecycle.status() if h.running}
+    teardown = SandboxTeardown([state.host_name(i) for i in indices if state.host_name(i) not in already])
+    request.addfinalizer(teardown)
+    return lifecycle.up_hosts(indices)
+
+
+@pytest.fixture(scope="session")
+def served_assets(sandbox_ready: None) -> None:
+    """The prebuilt vLLM CPU venv and the tiny test model, which hosts bind read-only at boot.
+
+    Built before any host comes up (binds are fixed when nspawn starts); both are cached after the
+    first build, so later sessions take well under a second here.
+    """
+    from gemmaserve.sandbox.demo import ensure_engine_and_model
+
+    ensure_engine_and_model()
+
+
+@pytest.fixture(scope="session")
+def sandbox_hosts(
+    request: pytest.FixtureRequest, sandbox_ready: None, served_assets: None
+) -> Iterator[list[state.Host]]:
+    """sandbox-1..N (N = request.param, default 1), running; hosts that were already up are reused."""
+    count = getattr(request, "param", 1)
+    yield bring_up(list(range(1, count + 1)), request)
+
+
+@pytest.fixture(scope="session")
+def sandbox_ssh_config(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # Host keys are new on every `up`; there is nothing to pin.
+    path = tmp_path_factory.mktemp("ssh") / "config"
+    path.write_text(
+        f"Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  IdentityFile {state.SSH_KEY}\n"
+    )
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def sandbox_host(sandbox_hosts: list[state.Host], sandbox_ssh_config: str):
+    """A testinfra host for sandbox-1, over ssh (paramiko) with the sandbox key."""
+    import testinfra
+
+    return testinfra.get_host(
+        f"paramiko://{state.SSH_USER}@{sandbox_hosts[0].address}",
+        ssh_config=sandbox_ssh_config,
+        ssh_identity_file=str(state.SSH_KEY),
+    )
+
+
+@pytest.fixture(scope="module")
+def fresh_sandbox_host(
+    request: pytest.FixtureRequest, sandbox_ready: None, served_assets: None
+) -> Iterator[state.Host]:
+    """A host of its own (first free index from 101), for tests that take it down themselves.
+
+    The engine and test model are built first: hosts bind them read-only when they boot.
+    """
+    [index] = state.free_indices(1)
+    [host] = bring_up([index], request)
+    yield host
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The vLLM CPU venv's python, built on first use (about 2 minutes, then cached under /opt/gemmaserve)."""
+    from gemmaserve.sandbox.demo import ensure_engine, sandbox_plan
+
+    python = Path(f"{sandbox_plan().engine.venv}/bin/python")
+    if not python.exists() and os.geteuid() != 0:
+        reason = f"building the vLLM CPU venv {python.parent.parent} needs root"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return Path(ensure_engine())
+
+
+def deploy(host_name: str, data: dict | None = None, tmp_path: Path | None = None, timeout: float = 900):
+    """`pyinfra -y --limit HOST hosts/sandbox.py deploy.py`, with host-data overrides (a YAML file in
+    `tmp_path`, named by the sandbox profile's override variable); returns the fleet's PyinfraRun."""
+    import time
+
+    import yaml
+
+    from gemmaserve.ops import fleet
+    from gemmaserve.sandbox.profile import OVERRIDE_ENV
+
+    override = None
+    if data is not None:
+        assert tmp_path is not None, "host-data overrides are written to a file in tmp_path"
+        override = tmp_path / f"override-{time.monotonic_ns()}.yaml"
+        override.write_text(yaml.safe_dump(data))
+    return fleet.run_pyinfra(
+        limit=[host_name], env={OVERRIDE_ENV: str(override) if override else None}, timeout=timeout
+    )
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    """Poll `predicate` every second until it holds; fail naming `what` after `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
