@@ -88,6 +88,62 @@ class EnginePlan:
         return CHAT_TEMPLATE_URL.format(version=self.version)
 
 
+# Where a host keeps the one verified copy of mirrored weights that all its replicas serve.
+WEIGHTS_DIR = f"{STATE_DIR}/weights"
+# The mirror's layout under gs://BUCKET[/PREFIX]/: models/<hf id>/<revision>/<files>, and the manifest,
+# written last, that makes a revision complete (per-file size and sha256, the hub's own hashes).
+MIRROR_MODELS = "models"
+MIRROR_MANIFEST = "gemmaserve-manifest.json"
+MIRROR_COMPILE_CACHE = "compile-cache"
+
+
+@dataclass(frozen=True)
+class WeightsPlan:
+    """How the host gets the weights: "hub" (vLLM/HF download), "local" (a test model's directory),
+    "pull" (one verified copy from the mirror before any replica starts) or "stream" (Run:ai streamer)."""
+
+    mode: str
+    model_id: str
+    revision: str | None = None
+    bucket: str | None = None
+    prefix: str = ""
+
+    @staticmethod
+    def of(spec: Spec) -> WeightsPlan:
+        weights, model = spec.weights, spec.model_info
+        if weights.source == "hub":
+            return WeightsPlan("local" if model.local_dir else "hub", model.hf_id, weights.revision)
+        bucket, _, prefix = weights.bucket.removeprefix("gs://").partition("/")
+        prefix = prefix.strip("/")
+        return WeightsPlan(weights.load, model.hf_id, weights.revision, bucket, f"{prefix}/" if prefix else "")
+
+    @property
+    def from_bucket(self) -> bool:
+        return self.bucket is not None
+
+    @property
+    def object_prefix(self) -> str:
+        """The revision's folder in the bucket: PREFIX/models/<hf id>/<revision>/."""
+        return f"{self.prefix}{MIRROR_MODELS}/{self.model_id}/{self.revision}/"
+
+    @property
+    def manifest_object(self) -> str:
+        return f"{self.object_prefix}{MIRROR_MANIFEST}"
+
+    @property
+    def uri(self) -> str | None:
+        return f"gs://{self.bucket}/{self.object_prefix}" if self.bucket else None
+
+    @property
+    def compile_cache_prefix(self) -> str:
+        return f"{self.prefix}{MIRROR_COMPILE_CACHE}/"
+
+    @property
+    def local_dir(self) -> str | None:
+        """Where `pull` puts the verified copy (one per revision, shared by every replica)."""
+        return f"{WEIGHTS_DIR}/{self.model_id}/{self.revision}" if self.mode == "pull" else None
+
+
 @dataclass(frozen=True)
 class Capacity:
     weights_gib_per_device: float
@@ -135,6 +191,7 @@ class Plan:
     model: ModelInfo
     accelerator: Accelerator
     engine: EnginePlan
+    weights: WeightsPlan
     replicas: list[ReplicaPlan] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
@@ -151,8 +208,8 @@ class Plan:
     def token_source_path(self) -> str | None:
         """The file systemd loads as each replica's `hf-token` credential, or None without a secret."""
         secret = self.spec.secret
-        if secret is None:
-            return None
+        if secret is None or self.weights.from_bucket:
+            return None  # weights from the mirror: no host needs the token
         return secret.file or TOKEN_RUNTIME_PATH
 
     def require_ok(self) -> Plan:
@@ -182,6 +239,12 @@ class Plan:
                 }
                 for r in self.replicas
             ],
+            "weights": {
+                "mode": self.weights.mode,
+                "revision": self.weights.revision,
+                "uri": self.weights.uri,
+                "local_dir": self.weights.local_dir,
+            },
             "warnings": self.warnings,
         }
 
@@ -467,9 +530,16 @@ def _json(value) -> str:
 
 def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduling: bool) -> list[str]:
     model, acc, wl = spec.model_info, spec.accelerator_info, spec.workload
-    argv = ["vllm", "serve", model.local_dir or model.hf_id]
-    if model.local_dir:
+    weights = WeightsPlan.of(spec)
+    served_from = {"pull": weights.local_dir, "stream": weights.uri, "local": model.local_dir}.get(weights.mode)
+    argv = ["vllm", "serve", served_from or model.hf_id]
+    if served_from:
         argv += ["--served-model-name", model.hf_id]
+    if weights.mode == "stream":
+        # vLLM's Run:ai Model Streamer reads safetensors straight from gs:// (vllm/config/load.py, v0.32.0).
+        argv += ["--load-format", "runai_streamer"]
+    elif weights.mode == "hub" and weights.revision:
+        argv += ["--revision", weights.revision]
     argv += ["--tensor-parallel-size", str(tp)]
     if wl.dtype != "auto":
         argv += ["--dtype", wl.dtype]
@@ -525,11 +595,15 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
     acc, wl = spec.accelerator_info, spec.workload
     cache = f"{SHM_CACHE_ROOT}/{key}"
     env = {"HF_HOME": HF_HOME, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    if spec.secret is not None:
+    from_bucket = spec.weights.source == "bucket"
+    if spec.secret is not None and not from_bucket:
         # The token is a systemd credential on tmpfs; only its path is in the environment.
         env["HF_TOKEN_PATH"] = f"/run/credentials/vllm@{index}.service/hf-token"
-    if spec.model_info.is_test_model:
-        env["HF_HUB_OFFLINE"] = "1"  # a local directory; never reach for a hub
+    if spec.model_info.is_test_model or from_bucket:
+        env["HF_HUB_OFFLINE"] = "1"  # a local directory or the mirror; never reach for a hub
+    if spec.weights.load == "stream" and from_bucket:
+        # Hosts read the bucket with their service account (Application Default Credentials).
+        env["RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS"] = "false"
     if acc.is_tpu:
         env["VLLM_TPU_BUCKET_PADDING_GAP"] = str(TPU_BUCKET_PADDING_GAP)
         env["VLLM_XLA_CACHE_PATH"] = f"{cache}/xla"
@@ -568,7 +642,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
         transformers_version=spec.engine.transformers_version,
         image=spec.image if spec.engine.kind == "container" else None,
     )
-    result = Plan(spec=spec, model=model, accelerator=acc, engine=engine)
+    result = Plan(spec=spec, model=model, accelerator=acc, engine=engine, weights=WeightsPlan.of(spec))
     kv_dtype = spec.workload.kv_cache_dtype
     sizings = [_size(spec, tp, kv_dtype, spec.max_model_len, available_kv_gib) for tp in _tp_candidates(spec)]
     chosen = _choose_tp(spec, sizings)
@@ -590,6 +664,10 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     if model.is_test_model:
         result.warnings.append(
             f"{model.hf_id} is a randomly initialised TEST model; production specs name real checkpoints"
+        )
+    if spec.secret is not None and spec.weights.source == "bucket":
+        result.warnings.append(
+            "secret is not used: weights come from the bucket, so no host needs the Hugging Face token"
         )
     if acc.is_gpu and acc.interconnect == "pcie" and tp > 2:
         result.warnings.append(

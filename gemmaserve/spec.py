@@ -36,6 +36,11 @@ FLOATING_TAGS = {"latest", "nightly", "gemma4", "gemma4-cu130", "main", "edge", 
 VISION_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
 _VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](@sha256:[0-9a-f]{64})?$")
+# gs://BUCKET[/PREFIX]: bucket names per https://cloud.google.com/storage/docs/buckets#naming (no dotted names:
+# they need domain verification), a prefix of plain path segments.
+_BUCKET_URI = re.compile(r"^gs://[a-z0-9][a-z0-9_-]{1,61}[a-z0-9](/[A-Za-z0-9._-]+)*/?$")
+# A Hugging Face revision pinned to a commit: the 40-hex sha the hub reports (HfApi.model_info(...).sha).
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SECRET_NAME = re.compile(r"^(projects/[a-z0-9-]+/secrets/)?[A-Za-z0-9_-]{1,255}(/versions/(latest|\d+))?$")
 
 
@@ -255,6 +260,49 @@ class SecretSource(Strict):
         return self
 
 
+class Weights(Strict):
+    """Where hosts get the weights: Hugging Face (each host downloads), or the stack's bucket (a mirror)."""
+
+    source: Literal["hub", "bucket"] = Field("hub", description="hub: each host downloads; bucket: the mirror.")
+    bucket: str | None = Field(None, description="gs://BUCKET[/PREFIX], the mirror `gemmaserve weights mirror` fills.")
+    revision: str | None = Field(None, description="The model's commit sha (40 hex); required with source bucket.")
+    load: Literal["pull", "stream"] = Field(
+        "pull", description="pull: one verified local copy before replicas start; stream: vLLM's Run:ai streamer."
+    )
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket_uri(cls, value: str | None) -> str | None:
+        if value is not None and not _BUCKET_URI.match(value):
+            raise ValueError("allowed: gs://BUCKET or gs://BUCKET/PREFIX (lowercase bucket name, no dots)")
+        return value
+
+    @field_validator("revision")
+    @classmethod
+    def _pinned_revision(cls, value: str | None) -> str | None:
+        if value is not None and not _COMMIT.match(value):
+            raise ValueError(
+                "must be a commit sha (40 hex digits), not a branch or tag: a mirror holds one exact revision"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _bucket_needs_uri_and_revision(self) -> Weights:
+        problems = []
+        if self.source == "bucket":
+            if self.bucket is None:
+                problems.append(
+                    ("weights.bucket", None, "required with source bucket (the stack exports it as weightsBucket)")
+                )
+            if self.revision is None:
+                problems.append(("weights.revision", None, "required with source bucket: the commit the mirror holds"))
+        elif self.load == "stream":
+            problems.append(("weights.load", "stream", "streams only from the bucket; allowed with source hub: pull"))
+        if problems:
+            raise SpecError([f"{field} = {value!r}: {why}" for field, value, why in problems])
+        return self
+
+
 class Spec(Strict):
     model: str = Field(description="Catalog alias (e2b, e4b, 31b, 26b-a4b) or Hugging Face id.")
     accelerator: AcceleratorSpec
@@ -262,6 +310,7 @@ class Spec(Strict):
     engine: Engine = Engine()
     serving: Serving = Serving()
     secret: SecretSource | None = None
+    weights: Weights = Weights()
 
     @field_validator("model")
     @classmethod

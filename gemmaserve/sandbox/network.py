@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from gemmaserve.sandbox import state
+from gemmaserve.sandbox import bucket, state
 from gemmaserve.sandbox.state import Host, State
 from gemmaserve.sandbox.system import run
 
@@ -87,6 +87,7 @@ table ip {NFT_TABLE} {{
         type filter hook input priority filter; policy accept;
         iifname "{VETH_PATTERN}" ct state established,related accept
         iifname "{VETH_PATTERN}" icmp type echo-request accept
+        iifname "{VETH_PATTERN}" ip daddr {bucket.ADDRESS} tcp dport {bucket.PORT} accept
         iifname "{VETH_PATTERN}" drop
     }}
     chain postrouting {{
