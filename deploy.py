@@ -15,6 +15,7 @@ from roles.router import router
 from roles.secrets import secrets
 from roles.tpu import tpu
 from roles.vllm import vllm
+from roles.weights import weights
 
 # Bad host data, a bad role setting or a config that cannot serve stops here, before any operation
 # touches the host.
@@ -27,6 +28,8 @@ base()
 {"nvidia": nvidia, "amd": rocm, "google": tpu}.get(serving.accelerator.vendor, lambda _: None)(serving)
 vllm(serving)
 secrets(serving)
+# Weights local (and the mirror checked) before anything restarts: a bad bucket or revision stops here.
+weights(serving)
 caches(serving)
 # The router before the replicas: a replica restart drains it in HAProxy first.
 router(serving)

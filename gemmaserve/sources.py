@@ -18,7 +18,13 @@ INFRA_KEYS = ("cloud", "hfToken")
 
 HOST_PREFIX = "gemmaserve_"
 # Host-data keys that are not part of the spec but are read by gemmaserve's roles or inventories.
-HOST_OTHER_KEYS = ("gemmaserve_sandbox", "gemmaserve_sandbox_index", "gemmaserve_allow_reboot", "gemmaserve_gpu_facts")
+HOST_OTHER_KEYS = (
+    "gemmaserve_sandbox",
+    "gemmaserve_sandbox_index",
+    "gemmaserve_allow_reboot",
+    "gemmaserve_gpu_facts",
+    "gemmaserve_storage_emulator_host",
+)
 
 
 def stack_file(stack: str, project_dir: Path = Path(".")) -> Path:

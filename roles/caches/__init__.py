@@ -12,7 +12,7 @@ from pyinfra.operations import server, systemd
 from gemmaserve.plan import SHM_CACHE_ROOT, STATE_DIR, Plan
 from roles._lib.facts import HostState
 from roles._lib.managed import managed_directory, managed_file, managed_service
-from roles._lib.programs import installed_path, program_source
+from roles._lib.programs import STORAGE_EMULATOR_KEY, installed_path, program_source
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings
 
@@ -28,27 +28,41 @@ class Settings(RoleSettings):
     # /dev/shm is RAM: keep the caches well below what the model and KV cache need.
     max_gib: float = 8
     save_interval: str = "30min"
-    # gs://bucket/prefix to mirror saved caches to (needs gcloud on the host).
+    # gs://bucket/prefix that carries caches from host to host; default: the spec's weights.bucket
+    # (PREFIX/compile-cache/). "none" keeps caches on each host's own disk.
     gcs_uri: str | None = None
     save_timeout: int = 300
+
+
+def cache_bucket(serving: Plan, settings: Settings) -> tuple[str, str] | None:
+    """(bucket, prefix) the caches travel through, or None."""
+    if settings.gcs_uri == "none":
+        return None
+    if settings.gcs_uri:
+        bucket, _, prefix = settings.gcs_uri.removeprefix("gs://").partition("/")
+        return bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
+    weights = serving.weights
+    return (weights.bucket, weights.compile_cache_prefix) if weights.bucket else None
 
 
 def cache_args(serving: Plan, settings: Settings) -> str:
     keys = sorted({r.cache_key for r in serving.replicas})
     args = f"--keys {' '.join(keys)} --shm {SHM_CACHE_ROOT} --disk {DISK_ROOT} --max-gib {settings.max_gib:g}"
-    if settings.gcs_uri:
-        args += f" --gcs {settings.gcs_uri}"
+    remote = cache_bucket(serving, settings)
+    if remote:
+        args += f" --bucket {remote[0]} --bucket-prefix {remote[1] or '/'}"
     return args
 
 
 @deploy("Keep compile caches across restarts", data_defaults=Settings.defaults())
 def caches(serving: Plan) -> None:
     settings = Settings.from_host(host)
-    script = installed_path("compile_cache.py")
+    script, gcs_json = installed_path("compile_cache.py"), installed_path("gcs_json.py")
     unit_paths = {unit: f"/etc/systemd/system/{unit}" for unit in UNITS}
+    remote = cache_bucket(serving, settings)
     now = HostState(
         host,
-        paths=[TMPFILES_CONF, DISK_ROOT, script, *unit_paths.values()],
+        paths=[TMPFILES_CONF, DISK_ROOT, script, gcs_json, *unit_paths.values()],
         units=[RESTORE_UNIT, "gemmaserve-cache-save.timer"],
     )
     tmpfiles = managed_file(
@@ -69,7 +83,16 @@ def caches(serving: Plan) -> None:
         content=program_source("caches", "compile_cache.py"),
         current=now.path(script),
     )
+    managed_file(
+        name="Install the Cloud Storage client the cache tool uses",
+        dest=gcs_json,
+        content=program_source("_lib", "gcs_json.py"),
+        current=now.path(gcs_json),
+    )
+    emulator = host.data.get(STORAGE_EMULATOR_KEY)
     context = {
+        "environment": {"STORAGE_EMULATOR_HOST": emulator} if remote and emulator else {},
+        "network": remote is not None,
         "script": script,
         "args": cache_args(serving, settings),
         "disk": DISK_ROOT,

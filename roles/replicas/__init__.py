@@ -15,11 +15,13 @@ from pyinfra.operations import files, server, systemd
 from gemmaserve.plan import STATE_DIR, Plan, ReplicaPlan
 from roles._lib.facts import HostState, PathState
 from roles._lib.managed import managed_file, managed_service, same_content
-from roles._lib.programs import ARGCHECK, HAPROXY_ADMIN, LIB_DIR
+from roles._lib.programs import ARGCHECK, HAPROXY_ADMIN, LIB_DIR, installed_path, program_source
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings
+from roles.weights import unit_name as weights_unit
 
 TEMPLATES = Path(__file__).parent / "templates"
+READY = installed_path("replica_ready.py")
 UNIT_PATH = "/etc/systemd/system/vllm@.service"
 TARGET_PATH = "/etc/systemd/system/gemmaserve.target"
 CACHE_ENV_KEYS = (
@@ -73,6 +75,7 @@ def render_env(serving: Plan, replica: ReplicaPlan) -> str:
         port=replica.port,
         env=env,
         wait_for=previous.health_url if previous else "none",
+        health_url=replica.health_url,
         args=replica_args(replica),
     )
 
@@ -139,6 +142,9 @@ def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
         "nofile": settings.nofile,
         "timeout_start": settings.timeout_start,
         "stagger_checks": settings.stagger_checks,
+        "weights_unit": weights_unit(serving),
+        "ready_program": READY,
+        "health_url": "$GEMMASERVE_HEALTH_URL",
     }
 
 
@@ -148,8 +154,14 @@ def replicas(serving: Plan) -> None:
     names = [r.unit for r in serving.replicas]
     now = HostState(
         host,
-        paths=[UNIT_PATH, TARGET_PATH, *(env_path(r.index) for r in serving.replicas)],
+        paths=[UNIT_PATH, TARGET_PATH, READY, *(env_path(r.index) for r in serving.replicas)],
         units=["gemmaserve.target", *names],
+    )
+    managed_file(
+        name="Install the readiness reporter (loading / compiling / ready)",
+        dest=READY,
+        content=program_source("replicas", "replica_ready.py"),
+        current=now.path(READY),
     )
     unit = managed_file(
         name="Install the vllm@.service template",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-JSON_KEYS = {"model", "accelerator", "count", "replicas", "warnings"}
+JSON_KEYS = {"model", "accelerator", "count", "replicas", "weights", "warnings"}
 REPLICA_KEYS = {
     "index",
     "devices",

@@ -1,25 +1,38 @@
 """Keep compile caches in /dev/shm across reboots and preemption: restore before replicas start, save at
-stop and periodically, bounded in size.
+stop and periodically, bounded in size; with a bucket, carry them from one host of a fleet to the next.
 
-Runs on serving hosts as a standalone script (stdlib only), from the gemmaserve-cache-* units:
+Runs on serving hosts as a standalone script (stdlib + gcs_json, installed beside it), from the
+gemmaserve-cache-* units:
 
-    python3 compile_cache.py restore --keys K1 K2 ...   # disk (and optionally GCS) -> /dev/shm
-    python3 compile_cache.py save --keys K1 K2 ...      # /dev/shm -> disk (and optionally GCS)
+    python3 compile_cache.py restore --keys K1 K2 ... [--bucket B --bucket-prefix P]  # (bucket ->) disk -> /dev/shm
+    python3 compile_cache.py save --keys K1 K2 ... [--bucket B --bucket-prefix P]     # /dev/shm -> disk (-> bucket)
 
 Each cache directory is named by the plan's cache key (vLLM version, model, TP and every flag that
 changes compiled graphs), so a flag change starts a new cache instead of serving a stale one. Keys not
-in --keys are pruned first when a store exceeds --max-gib; then the least recently saved.
+in --keys are pruned first when a store exceeds --max-gib; then the least recently saved. In the bucket
+each key is one object, P<key>.tar, fetched only by its exact key: another vLLM, model, TP or
+graph-changing flag has another key and never gets this cache. A download whose md5 differs from the
+object's is discarded.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import os
 import shutil
-import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
+
+try:
+    import gcs_json
+except ImportError:  # run from the repository: the shared client sits in roles/_lib/files
+    sys.path.append(str(Path(__file__).resolve().parents[2] / "_lib" / "files"))
+    import gcs_json
 
 SHM_ROOT = Path("/dev/shm/gemmaserve")
 DISK_ROOT = Path("/var/lib/gemmaserve/compile-cache")
@@ -67,12 +80,12 @@ def _chown_tree(path: Path, user: str | None) -> None:
             shutil.chown(item, user, user)
 
 
-def restore(keys: list[str], shm: Path, disk: Path, gcs: str | None, user: str | None) -> None:
+def restore(keys: list[str], shm: Path, disk: Path, bucket: Remote | None, user: str | None) -> None:
     shm.mkdir(parents=True, exist_ok=True)
     for key in keys:
         target = shm / key
-        if gcs and not (disk / key).exists():
-            _gcs_sync(f"{gcs.rstrip('/')}/{key}", disk / key)
+        if bucket and not (disk / key).exists() and not target.exists():
+            bucket.fetch(key, disk)
         if (disk / key).is_dir() and not target.exists():
             _copy(disk / key, target)
             _chown_tree(target, user)
@@ -83,7 +96,7 @@ def restore(keys: list[str], shm: Path, disk: Path, gcs: str | None, user: str |
             print(f"{key}: no saved cache yet (first start compiles)", file=sys.stderr)
 
 
-def save(keys: list[str], shm: Path, disk: Path, gcs: str | None, max_bytes: int) -> None:
+def save(keys: list[str], shm: Path, disk: Path, bucket: Remote | None, max_bytes: int) -> None:
     disk.mkdir(parents=True, exist_ok=True)
     for key in keys:
         source = shm / key
@@ -91,19 +104,82 @@ def save(keys: list[str], shm: Path, disk: Path, gcs: str | None, max_bytes: int
             continue
         _copy(source, disk / key)
         os.utime(disk / key)
-        if gcs:
-            _gcs_sync(str(disk / key), f"{gcs.rstrip('/')}/{key}")
+        if bucket:
+            bucket.store(key, disk / key)
         print(f"saved {key} ({size_bytes(disk / key) / 2**20:.1f} MiB)", file=sys.stderr)
     for root in (disk, shm):
         for name in prune(root, set(keys), max_bytes):
             print(f"pruned {name} from {root} (over {max_bytes / 2**30:.1f} GiB)", file=sys.stderr)
 
 
-def _gcs_sync(src: str, dst: str) -> None:
-    if not shutil.which("gcloud"):
-        print("gcloud not installed: GCS cache copy skipped", file=sys.stderr)
-        return
-    subprocess.run(["gcloud", "storage", "rsync", "--recursive", src, dst], check=False)
+def tree_digest(path: Path) -> str:
+    """sha256 over every file's relative path and bytes: the same cache has the same digest on any host."""
+    digest = hashlib.sha256()
+    for item in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
+        digest.update(f"{item.relative_to(path).as_posix()}\0{item.stat().st_size}\0".encode())
+        digest.update(hashlib.sha256(item.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+class Remote:
+    """Caches in a bucket: one tar object per cache key under a prefix."""
+
+    def __init__(self, bucket: gcs_json.Bucket, prefix: str):
+        self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+
+    def name(self, key: str) -> str:
+        return f"{self.prefix}{key}.tar"
+
+    def store(self, key: str, source: Path) -> None:
+        digest = tree_digest(source)
+        try:
+            current = self.bucket.stat(self.name(key))
+            if current and (current.get("metadata") or {}).get("gemmaserve-digest") == digest:
+                print(f"{key}: bucket copy is current", file=sys.stderr)
+                return
+            with tempfile.TemporaryDirectory() as scratch:
+                archive = Path(scratch) / f"{key}.tar"
+                with tarfile.open(archive, "w") as tar:
+                    tar.add(source, arcname=".", filter=lambda info: None if info.issym() or info.islnk() else info)
+                self.bucket.upload(self.name(key), str(archive), {"gemmaserve-digest": digest, "gemmaserve-key": key})
+            print(f"{key}: saved to gs://{self.bucket.name}/{self.name(key)}", file=sys.stderr)
+        except gcs_json.StorageError as error:
+            print(f"{key}: not saved to the bucket: {error}", file=sys.stderr)
+
+    def fetch(self, key: str, disk: Path) -> bool:
+        """Download and unpack the key's cache into disk/key; False when the bucket has none (or it is bad)."""
+        try:
+            meta = self.bucket.stat(self.name(key))
+            if meta is None:
+                print(f"{key}: no cache in gs://{self.bucket.name}/{self.prefix} for this key", file=sys.stderr)
+                return False
+            disk.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=disk) as scratch:
+                archive = Path(scratch) / "cache.tar"
+                md5 = hashlib.md5()
+                with self.bucket.read(self.name(key), generation=int(meta["generation"])) as response:
+                    with archive.open("wb") as out:
+                        while chunk := response.read(4 * 2**20):
+                            md5.update(chunk)
+                            out.write(chunk)
+                if base64.b64encode(md5.digest()).decode() != meta.get("md5Hash"):
+                    print(f"{key}: bucket copy failed its md5 check; not restored", file=sys.stderr)
+                    return False
+                staging = Path(scratch) / key
+                with tarfile.open(archive) as tar:
+                    members = [m for m in tar.getmembers() if _inside(m) and (m.isfile() or m.isdir())]
+                    tar.extractall(staging, members=members)
+                staging.rename(disk / key)
+            print(f"{key}: fetched from gs://{self.bucket.name}/{self.name(key)} ({int(meta['size']) / 2**20:.1f} MiB)", file=sys.stderr)
+            return True
+        except gcs_json.StorageError as error:
+            print(f"{key}: not fetched from the bucket: {error}", file=sys.stderr)
+            return False
+
+
+def _inside(member: tarfile.TarInfo) -> bool:
+    parts = Path(member.name).parts
+    return not Path(member.name).is_absolute() and ".." not in parts
 
 
 def main(argv: list[str]) -> int:
@@ -112,15 +188,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keys", nargs="+", required=True)
     parser.add_argument("--shm", type=Path, default=SHM_ROOT)
     parser.add_argument("--disk", type=Path, default=DISK_ROOT)
-    parser.add_argument("--gcs", default=None, help="gs://bucket/prefix to mirror the disk copy to")
+    parser.add_argument("--bucket", default=None, help="bucket that carries caches between hosts")
+    parser.add_argument("--bucket-prefix", default="compile-cache/", help="object prefix in --bucket")
     parser.add_argument("--max-gib", type=float, default=8.0)
     parser.add_argument("--user", default=None, help="owner of restored files")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    remote = Remote(gcs_json.Bucket(args.bucket), args.bucket_prefix) if args.bucket else None
     if args.action == "restore":
-        restore(args.keys, args.shm, args.disk, args.gcs, args.user)
+        restore(args.keys, args.shm, args.disk, remote, args.user)
     else:
-        save(args.keys, args.shm, args.disk, args.gcs, int(args.max_gib * 2**30))
+        save(args.keys, args.shm, args.disk, remote, int(args.max_gib * 2**30))
     print(f"{args.action} took {time.monotonic() - started:.1f} s", file=sys.stderr)
     return 0
 

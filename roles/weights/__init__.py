@@ -1,0 +1,156 @@
+"""Weights on local disk before any replica starts: pulled from the stack's bucket (one verified copy per
+host, shared by its replicas) or, without a mirror, downloaded from Hugging Face by the engine's own `hf`
+client. Either way it is gemmaserve-weights.service, ordered before the replicas, so the health window
+of a replica never has to cover a download; a deploy checks the mirror before it restarts anything."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import FactBase, deploy, operation
+from pyinfra.operations import systemd
+
+from gemmaserve.plan import HF_HOME, STATE_DIR, WEIGHTS_DIR, Plan
+from roles._lib.facts import HostState
+from roles._lib.managed import managed_directory, managed_file, managed_service
+from roles._lib.programs import STORAGE_EMULATOR_KEY, installed_path, program_source
+from roles._lib.render import render
+from roles._lib.settings import RoleSettings
+
+TEMPLATES = Path(__file__).parent / "templates"
+UNIT = "gemmaserve-weights.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+PULL = installed_path("weights_pull.py")
+GCS_JSON = installed_path("gcs_json.py")
+
+
+class Settings(RoleSettings):
+    prefix = "weights_"
+    # Parallel ranged downloads per host (each a 64 MiB piece).
+    parallel: int = 8
+
+
+class WeightsMarker(FactBase[str]):
+    """The marker a finished fetch leaves (the manifest digest, or "hub"), "" when the weights are not local:
+
+    .. code:: python
+
+        "6f1c...e2"
+    """
+
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str:
+        return "\n".join(output).strip()
+
+
+def marker_path(serving: Plan) -> str | None:
+    weights = serving.weights
+    if weights.mode == "pull":
+        return f"{weights.local_dir}/.gemmaserve-complete"
+    if weights.mode == "hub" and serving.engine.kind == "wheel":
+        name = weights.model_id.replace("/", "--")
+        return f"{WEIGHTS_DIR}/.hub-{name}-{weights.revision or 'main'}.complete"
+    return None
+
+
+def fetch_command(serving: Plan, settings: Settings) -> str:
+    """What gemmaserve-weights.service runs: the puller (mirror) or the engine's `hf download` (hub)."""
+    weights = serving.weights
+    if weights.mode == "pull":
+        return (
+            f"/usr/bin/python3 {PULL} pull --bucket {weights.bucket} --prefix {weights.object_prefix} "
+            f"--dest {weights.local_dir} --parallel {settings.parallel}"
+        )
+    revision = f" --revision {weights.revision}" if weights.revision else ""
+    marker = marker_path(serving)
+    return (
+        f"/bin/sh -c '{serving.engine.venv}/bin/hf download {weights.model_id}{revision} --exclude \"original/*\" "
+        f"&& touch {marker}'"
+    )
+
+
+def unit_context(serving: Plan, settings: Settings, emulator: str | None) -> dict:
+    weights = serving.weights
+    environment = {"HF_HOME": HF_HOME, "HF_HUB_DISABLE_TELEMETRY": "1"} if weights.mode == "hub" else {}
+    if emulator and weights.mode == "pull":
+        environment["STORAGE_EMULATOR_HOST"] = emulator
+    fetch_unit = "gemmaserve-hf-token.service" if serving.spec.secret and serving.spec.secret.secret_manager else None
+    return {
+        "model": weights.model_id,
+        "after": fetch_unit if weights.mode == "hub" else None,
+        "environment": environment,
+        "credential": serving.token_source_path if weights.mode == "hub" else None,
+        "command": fetch_command(serving, settings),
+        "user": "gemmaserve",
+        "writable": STATE_DIR,
+    }
+
+
+def unit_name(serving: Plan) -> str | None:
+    """The unit replicas wait for, or None when there is nothing to fetch (test models, streaming, containers)."""
+    return UNIT if marker_path(serving) else None
+
+
+@deploy("Fetch the weights before replicas start", data_defaults=Settings.defaults())
+def weights(serving: Plan) -> None:
+    marker = marker_path(serving)
+    if marker is None:
+        return
+    settings = Settings.from_host(host)
+    emulator = host.data.get(STORAGE_EMULATOR_KEY)
+    paths = [WEIGHTS_DIR, UNIT_PATH]
+    if serving.weights.mode == "pull":
+        paths += [PULL, GCS_JSON]
+    now = HostState(host, paths=paths, units=[UNIT])
+    managed_directory(
+        name=f"Create {WEIGHTS_DIR}",
+        path=WEIGHTS_DIR,
+        current=now.path(WEIGHTS_DIR),
+        user="gemmaserve",
+        group="gemmaserve",
+        mode="0755",
+    )
+    if serving.weights.mode == "pull":
+        for name, role in (("weights_pull.py", "weights"), ("gcs_json.py", "_lib")):
+            managed_file(
+                name=f"Install {name}",
+                dest=installed_path(name),
+                content=program_source(role, name),
+                current=now.path(installed_path(name)),
+            )
+    unit = managed_file(
+        name=f"Install {UNIT}",
+        dest=UNIT_PATH,
+        content=render(TEMPLATES / f"{UNIT}.j2", **unit_context(serving, settings, emulator)),
+        current=now.path(UNIT_PATH),
+    )
+    systemd.daemon_reload(name=f"Reload systemd units for {UNIT}", _if=unit.did_change)
+    managed_service(name=f"Enable {UNIT}", service=UNIT, current=now.unit(UNIT), running=None)
+    fetch_before_replicas(
+        name=f"Fetch {serving.weights.model_id} weights to local disk before any replica restarts",
+        serving=serving,
+        emulator=emulator,
+        done=bool(host.get_fact(WeightsMarker, path=marker)),
+    )
+
+
+@operation(is_idempotent=False)
+def fetch_before_replicas(serving: Plan, emulator: str | None, done: bool):
+    """Check the mirror has the revision (a clear error, before anything restarts), then run the fetch
+    unit and wait for it; a revision already local is left alone (a revision's files never change)."""
+    weights = serving.weights
+    if done:
+        host.noop(f"{weights.model_id} weights are local ({weights.local_dir or HF_HOME})")
+        return
+    if weights.mode == "pull":
+        env = f"STORAGE_EMULATOR_HOST={shlex.quote(emulator)} " if emulator else ""
+        yield f"{env}/usr/bin/python3 {PULL} check --bucket {weights.bucket} --prefix {weights.object_prefix} --dest {weights.local_dir}"
+    # A oneshot: `start` returns when the weights are local (or fails with the program's error).
+    yield (
+        "systemctl reset-failed gemmaserve-weights.service 2>/dev/null; systemctl restart gemmaserve-weights.service "
+        "|| { journalctl -u gemmaserve-weights.service -n 20 --no-pager -o cat >&2; exit 1; }"
+    )
