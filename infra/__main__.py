@@ -9,6 +9,7 @@ from load_balancer import ServingLoadBalancer, ServingLoadBalancerArgs
 from network import HOST_TAG, Network, NetworkArgs
 from secret import HfTokenSecret, HfTokenSecretArgs
 from tpu_slice import TpuSlice, TpuSliceArgs
+from weights_bucket import WeightsBucket, WeightsBucketArgs
 
 from hosts import host_record
 
@@ -41,6 +42,23 @@ if spec.secret is not None and spec.secret.secret_manager:
             replication=cloud.secret_replication,
             token=read_hf_token(),
             labels=labels,
+        ),
+    )
+weights = serving_plan.weights
+weights_bucket = None
+if weights.bucket and cloud.weights_bucket.create:
+    # The bucket the spec's weights.bucket names: `gemmaserve weights mirror` fills it, hosts load from it.
+    weights_bucket = WeightsBucket(
+        f"{name}-weights",
+        WeightsBucketArgs(
+            project=settings.project,
+            name=weights.bucket,
+            location=(cloud.weights_bucket.location or settings.region).upper(),
+            host_member=identity.member,
+            cache_prefix=weights.compile_cache_prefix,
+            writers=list(cloud.weights_bucket.writers),
+            labels=labels,
+            force_destroy=cloud.weights_bucket.force_destroy,
         ),
     )
 image = ServingImage(
@@ -158,5 +176,7 @@ pulumi.export("hosts", pulumi.Output.all(*hosts))
 pulumi.export("endpoint", endpoint)
 pulumi.export("plan", serving_plan.to_json())
 pulumi.export("artifact_repository", image.repository_url)
+if weights_bucket is not None:
+    pulumi.export("weightsBucket", weights_bucket.uri)
 if image.image_ref is not None:
     pulumi.export("serving_image", image.image_ref)

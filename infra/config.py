@@ -50,6 +50,25 @@ class WeightsDisk(Strict):
     local_ssd_count: int = Field(1, ge=1, le=32, description="375 GB NVMe partitions when type is local-ssd.")
 
 
+class WeightsBucketConfig(Strict):
+    """The bucket `gemmaserve:weights.bucket` names, created by this stack (unless `create: false`)."""
+
+    create: bool = Field(True, description="False when the bucket is shared with another stack that creates it.")
+    location: str | None = Field(None, description="Bucket location; default: the hosts' region.")
+    writers: tuple[str, ...] = Field(
+        (), description="Who mirrors weights into it: user:EMAIL, group:EMAIL or serviceAccount:EMAIL."
+    )
+    force_destroy: bool = Field(False, description="Let `pulumi destroy` delete a bucket that still holds weights.")
+
+    @field_validator("writers")
+    @classmethod
+    def _members(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [m for m in value if not re.match(r"^(user|group|serviceAccount):[^@\s]+@[^@\s]+$", m)]
+        if bad:
+            raise ValueError(f"{bad}: allowed: user:EMAIL, group:EMAIL or serviceAccount:EMAIL")
+        return value
+
+
 class Network(Strict):
     cidr: str = Field("10.42.0.0/16", description="VPC range; each region gets one /20, the LB proxy subnet the last.")
 
@@ -114,6 +133,7 @@ class Cloud(Strict):
     )
     image: ServingImage = ServingImage()
     protect: bool = Field(True, description="Protect TPU queued resources from `pulumi destroy`.")
+    weights_bucket: WeightsBucketConfig = WeightsBucketConfig()
 
     @field_validator("zones")
     @classmethod

@@ -7,7 +7,9 @@ from __future__ import annotations
 def _settings() -> tuple:
     from roles import base, caches, monitoring, nvidia, replicas, rocm, router, secrets, tpu, vllm, weights
 
-    return tuple(m.Settings for m in (base, nvidia, rocm, tpu, vllm, secrets, weights, caches, router, replicas, monitoring))
+    return tuple(
+        m.Settings for m in (base, nvidia, rocm, tpu, vllm, secrets, weights, caches, router, replicas, monitoring)
+    )
 
 
 def __getattr__(name: str):

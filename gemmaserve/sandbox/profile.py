@@ -42,3 +42,18 @@ def sandbox_host_data() -> dict[str, Any]:
             raise ValueError(f"{OVERRIDE_ENV}={override}: must hold a mapping of host-data keys")
         data.update(extra)
     return data
+
+
+# The sandbox's bucket (gemmaserve.sandbox.bucket) and the name the demo and tests mirror into.
+SANDBOX_BUCKET = "gemmaserve-sandbox"
+
+
+def bucket_host_data(revision: str, model: str = "tiny", bucket: str = SANDBOX_BUCKET) -> dict[str, Any]:
+    """Host data that loads the weights from the sandbox's bucket (pulled) instead of the bound directory."""
+    from gemmaserve.sandbox.bucket import ENDPOINT
+
+    return {
+        "gemmaserve_model": model,
+        "gemmaserve_weights": {"source": "bucket", "bucket": f"gs://{bucket}", "revision": revision, "load": "pull"},
+        "gemmaserve_storage_emulator_host": ENDPOINT,
+    }

@@ -22,6 +22,8 @@ def program_source(role: str, name: str) -> Path:
 
 def installed_path(name: str) -> str:
     return f"{LIB_DIR}/{name}"
+
+
 # Host data naming a GCS API emulator (the sandbox's bucket); unset in production, where hosts reach
 # storage.googleapis.com with their service account.
 STORAGE_EMULATOR_KEY = "gemmaserve_storage_emulator_host"

@@ -68,7 +68,7 @@ def fetch_command(serving: Plan, settings: Settings) -> str:
     revision = f" --revision {weights.revision}" if weights.revision else ""
     marker = marker_path(serving)
     return (
-        f"/bin/sh -c '{serving.engine.venv}/bin/hf download {weights.model_id}{revision} --exclude \"original/*\" "
+        f'/bin/sh -c \'{serving.engine.venv}/bin/hf download {weights.model_id}{revision} --exclude "original/*" '
         f"&& touch {marker}'"
     )
 

@@ -170,7 +170,10 @@ class Remote:
                     members = [m for m in tar.getmembers() if _inside(m) and (m.isfile() or m.isdir())]
                     tar.extractall(staging, members=members)
                 staging.rename(disk / key)
-            print(f"{key}: fetched from gs://{self.bucket.name}/{self.name(key)} ({int(meta['size']) / 2**20:.1f} MiB)", file=sys.stderr)
+            print(
+                f"{key}: fetched from gs://{self.bucket.name}/{self.name(key)} ({int(meta['size']) / 2**20:.1f} MiB)",
+                file=sys.stderr,
+            )
             return True
         except gcs_json.StorageError as error:
             print(f"{key}: not fetched from the bucket: {error}", file=sys.stderr)

@@ -1,0 +1,66 @@
+"""The weights bucket: one mirror per stack that hosts load weights (and compile caches) from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_gcp as gcp
+
+# Hosts read everything (weights) and write only compile caches, which travel from host to host.
+# IAM Conditions on object names: https://cloud.google.com/storage/docs/access-control/iam#conditions
+HOST_READ_ROLE = "roles/storage.objectViewer"
+HOST_CACHE_ROLE = "roles/storage.objectUser"
+OPERATOR_ROLE = "roles/storage.objectAdmin"
+
+
+@dataclass
+class WeightsBucketArgs:
+    project: str
+    name: str
+    location: str
+    host_member: pulumi.Input[str]
+    cache_prefix: str
+    writers: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    force_destroy: bool = False
+
+
+class WeightsBucket(pulumi.ComponentResource):
+    """A private bucket with uniform access: hosts read it (and write compile caches), operators write it."""
+
+    def __init__(self, name: str, args: WeightsBucketArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gemmaserve:gcp:WeightsBucket", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.bucket = gcp.storage.Bucket(
+            f"{name}-bucket",
+            name=args.name,
+            project=args.project,
+            location=args.location,
+            uniform_bucket_level_access=True,
+            public_access_prevention="enforced",
+            force_destroy=args.force_destroy,
+            labels=args.labels,
+            opts=child,
+        )
+        gcp.storage.BucketIAMMember(
+            f"{name}-hosts-read", bucket=self.bucket.name, role=HOST_READ_ROLE, member=args.host_member, opts=child
+        )
+        gcp.storage.BucketIAMMember(
+            f"{name}-hosts-cache",
+            bucket=self.bucket.name,
+            role=HOST_CACHE_ROLE,
+            member=args.host_member,
+            condition=gcp.storage.BucketIAMMemberConditionArgs(
+                title="compile caches only",
+                description="Hosts may write compile caches, never weights",
+                expression=(f'resource.name.startsWith("projects/_/buckets/{args.name}/objects/{args.cache_prefix}")'),
+            ),
+            opts=child,
+        )
+        for index, member in enumerate(args.writers):
+            gcp.storage.BucketIAMMember(
+                f"{name}-writer-{index}", bucket=self.bucket.name, role=OPERATOR_ROLE, member=member, opts=child
+            )
+        self.uri = self.bucket.name.apply(lambda bucket: f"gs://{bucket}")
+        self.register_outputs({"uri": self.uri})

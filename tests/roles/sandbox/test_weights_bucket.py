@@ -1,0 +1,185 @@
+"""Weights and compile caches from a bucket, on real sandbox hosts: the sandbox's GCS API emulator
+(fake-gcs-server on 10.231.0.1) holds the mirrored test model; host A pulls it, serves with torch.compile
+on and saves its compile cache to the bucket; host B deploys from the bucket alone and builds no kernel
+again. Then bad input on the serving host B: each a clear error before any replica restarts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+from gemmaserve.ops.weights import LocalSource, mirror, storage_client
+from gemmaserve.plan import plan
+from gemmaserve.sandbox import bucket as sandbox_bucket
+from gemmaserve.sandbox.profile import SANDBOX_BUCKET, TINY_MODEL_DIR, bucket_host_data, sandbox_host_data
+from gemmaserve.sources import spec_from_host_data
+from tests.roles.sandbox.test_compile_cache import COMPILED, chat, kernels
+from tests.sandbox_fixtures import bring_up, deploy
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture(scope="module")
+def emulator(served_assets, monkeypatch_module):
+    """The sandbox's bucket with the test model mirrored into it; removed afterwards."""
+    emulator = sandbox_bucket.up()
+    monkeypatch_module.setenv("STORAGE_EMULATOR_HOST", emulator.endpoint)
+    try:
+        client = storage_client()
+        if client.lookup_bucket(SANDBOX_BUCKET) is None:
+            client.create_bucket(SANDBOX_BUCKET)
+        yield emulator
+    finally:
+        sandbox_bucket.down()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.fixture(scope="module")
+def data(emulator):
+    source = LocalSource(TINY_MODEL_DIR)
+    revision = source.resolve(None)
+    serving = plan(spec_from_host_data({**sandbox_host_data(), **bucket_host_data(revision)})).require_ok()
+    report = mirror(serving.weights, source, progress=lambda _: None)
+    assert report.manifest_written
+    return {**COMPILED, **bucket_host_data(revision)}
+
+
+@pytest.fixture(scope="module")
+def hosts(request, data, sandbox_ssh_config, tmp_path_factory):
+    """Host A deployed from the bucket (compiling), its cache saved to the bucket; then host B from the bucket."""
+    import testinfra
+
+    from gemmaserve.sandbox.state import SSH_KEY, SSH_USER, free_indices
+
+    up = bring_up(free_indices(2), request)
+    remotes = [
+        testinfra.get_host(
+            f"paramiko://{SSH_USER}@{h.address}", ssh_config=sandbox_ssh_config, ssh_identity_file=str(SSH_KEY)
+        )
+        for h in up
+    ]
+    first = deploy(up[0].name, data, tmp_path_factory.mktemp("a"))
+    assert first.returncode == 0, first.output[-4000:]
+    saved = remotes[0].run(
+        "systemctl start gemmaserve-cache-save.service && journalctl -u gemmaserve-cache-save -o cat"
+    )
+    assert saved.rc == 0, saved.stderr
+    started = float(remotes[1].run("date +%s.%N").stdout)
+    second = deploy(up[1].name, data, tmp_path_factory.mktemp("b"))
+    assert second.returncode == 0, second.output[-4000:]
+    serving = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
+    return up, remotes, serving, started
+
+
+def test_host_a_serves_the_pulled_copy(hosts):
+    up, remotes, serving, _ = hosts
+    weights = serving.weights
+    remote = remotes[0]
+    assert remote.file(f"{weights.local_dir}/.gemmaserve-complete").exists
+    assert remote.file(f"{weights.local_dir}/model.safetensors").user == "gemmaserve"
+    env = remote.file("/etc/gemmaserve/replica-0.env").content_string
+    assert f"VLLM_ARGS='{weights.local_dir} --served-model-name {serving.model.hf_id}" in env
+    assert "HF_HUB_OFFLINE=1" in env
+    assert chat(up[0], serving.model.hf_id) in ("length", "stop")
+
+
+def test_status_lines_say_ready_and_weights_local(hosts):
+    _, remotes, serving, _ = hosts
+    for remote in remotes:
+        replica = remote.run("systemctl show -p StatusText --value vllm@0").stdout
+        assert replica.startswith("ready"), replica
+        fetched = remote.run("systemctl show -p StatusText --value gemmaserve-weights").stdout
+        assert fetched.startswith(("weights local in", "weights already local")), fetched
+
+
+def test_the_compile_cache_is_in_the_bucket_under_the_plans_key(hosts, emulator):
+    _, _, serving, _ = hosts
+    key = serving.replicas[0].cache_key
+    blob = storage_client().bucket(SANDBOX_BUCKET).get_blob(f"{serving.weights.compile_cache_prefix}{key}.tar")
+    assert blob is not None and blob.size > 0
+
+
+def test_host_b_compiled_nothing_again(hosts):
+    """Every kernel in host B's /dev/shm cache predates its deploy: restored from the bucket, not built."""
+    up, remotes, serving, started = hosts
+    key = serving.replicas[0].cache_key
+    found = kernels(remotes[1], key)
+    assert found, "no kernels were restored to host B"
+    assert max(found.values()) < started, "host B built kernels again"
+    restored = remotes[1].run("journalctl -u gemmaserve-cache-restore -o cat").stdout
+    assert f"{key}: fetched from gs://{SANDBOX_BUCKET}/" in restored
+    assert chat(up[1], serving.model.hf_id) in ("length", "stop")
+
+
+def test_host_b_never_asked_hugging_face(hosts):
+    _, remotes, serving, _ = hosts
+    remote = remotes[1]
+    # Nothing in the hub cache, no token anywhere, offline mode on, and no hub host in any log.
+    assert remote.run("find /var/lib/gemmaserve/hf -path '*hub*' -type f 2>/dev/null | head -1").stdout == ""
+    assert remote.run("systemctl show -p LoadCredential --value vllm@0").stdout.strip() == ""
+    assert "HF_TOKEN_PATH" not in remote.file("/etc/gemmaserve/replica-0.env").content_string
+    assert remote.run("journalctl --no-pager -o cat | grep -ci huggingface.co").stdout.strip() == "0"
+
+
+def _replica_pid(remote) -> str:
+    return remote.run("systemctl show -p MainPID --value vllm@0").stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("missing bucket", "gs://gemmaserve-no-such-bucket: no such bucket"),
+        ("revision not in the mirror", "this revision is not in the mirror"),
+        ("corrupted object", "is corrupt: sha256"),
+    ],
+)
+def test_bad_mirror_input_fails_before_any_restart(hosts, data, emulator, tmp_path, case, expected):
+    up, remotes, serving, _ = hosts
+    remote = remotes[1]
+    weights = dict(data["gemmaserve_weights"])
+    if case == "missing bucket":
+        weights["bucket"] = "gs://gemmaserve-no-such-bucket"
+    elif case == "revision not in the mirror":
+        weights["revision"] = "f" * 40
+    else:
+        weights["revision"] = _mirror_corrupted_revision(tmp_path, emulator)
+    pid = _replica_pid(remote)
+    result = deploy(up[1].name, {**data, "gemmaserve_weights": weights}, tmp_path)
+    assert result.returncode != 0
+    assert expected in result.output, result.output[-3000:]
+    assert _replica_pid(remote) == pid, "the replica was restarted"
+    assert chat(up[1], serving.model.hf_id) in ("length", "stop")
+
+
+def _mirror_corrupted_revision(tmp_path, emulator) -> str:
+    """Another revision of the test model (one more file), mirrored, then its weights rotted in the store."""
+    copy = tmp_path / "model"
+    shutil.copytree(TINY_MODEL_DIR, copy)
+    (copy / "NOTICE").write_text(f"revision for a corruption test {time.time_ns()}\n")
+    source = LocalSource(copy)
+    revision = source.resolve(None)
+    serving = plan(
+        spec_from_host_data({**sandbox_host_data(), **bucket_host_data(revision)}), available_kv_gib=None
+    ).require_ok()
+    mirror(serving.weights, source, progress=lambda _: None)
+    name = f"{serving.weights.object_prefix}model.safetensors"
+    [backing] = [
+        p
+        for p in (sandbox_bucket.STATE_DIR / "data" / SANDBOX_BUCKET).rglob("*")
+        if p.is_file() and name in __import__("urllib.parse").parse.unquote(str(p))
+    ]
+    with open(backing, "r+b") as handle:
+        handle.seek(4096)
+        byte = handle.read(1)
+        handle.seek(4096)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    assert json.loads(storage_client().bucket(SANDBOX_BUCKET).blob(serving.weights.manifest_object).download_as_bytes())
+    return revision
