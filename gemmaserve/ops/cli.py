@@ -168,14 +168,81 @@ def _print_plan(result) -> None:
 
 
 @app.command("demo")
-def demo(down: bool = typer.Option(False, "--down", help="Remove everything the demo made.")) -> None:
+def demo(
+    down: bool = typer.Option(False, "--down", help="Remove everything the demo made."),
+    weights: str = typer.Option(
+        "local", "--weights", help="local: the bound test model; bucket: mirror it into the sandbox's bucket, pull it."
+    ),
+) -> None:
     """Sandbox host -> real pyinfra deploy -> vLLM (CPU) + HAProxy -> verified endpoint."""
     from gemmaserve.sandbox.demo import DemoError, run_demo, run_demo_down
 
+    if weights not in ("local", "bucket"):
+        _fail(f"error: --weights = {weights!r}: allowed: local, bucket", EXIT_BAD_INPUT)
     try:
-        run_demo_down() if down else run_demo()
+        run_demo_down() if down else run_demo(weights=weights)
     except DemoError as error:
         _fail(f"demo failed: {error}", 1)
+
+
+weights_app = typer.Typer(no_args_is_help=True, add_completion=False)
+app.add_typer(weights_app, name="weights", help="Model weights in the stack's bucket (a mirror of Hugging Face).")
+
+
+@weights_app.command("mirror")
+def weights_mirror(
+    stack: str | None = typer.Option(None, "--stack", help="Take model, weights.bucket and weights.revision from it."),
+    model: str | None = typer.Option(None, "--model", help="Catalog alias or Hugging Face id (overrides the stack)."),
+    bucket: str | None = typer.Option(
+        None, "--bucket", help="gs://BUCKET or gs://BUCKET/PREFIX (overrides the stack)."
+    ),
+    revision: str | None = typer.Option(
+        None, "--revision", help="Commit sha (40 hex); with --resolve, a branch or tag to pin."
+    ),
+    source_dir: Path | None = typer.Option(
+        None, "--from-dir", help="Mirror a local directory (a test model or a snapshot) instead of the hub."
+    ),
+    resolve: bool = typer.Option(False, "--resolve", help="Print the commit sha --revision points to, copy nothing."),
+) -> None:
+    """Copy one pinned model revision into the bucket: resumable, checked against the hub's hashes, idempotent."""
+    from gemmaserve.ops import weights as mirror_ops
+    from gemmaserve.plan import WeightsPlan
+    from gemmaserve.sources import read_stack_config
+    from gemmaserve.spec import SpecError, parse_spec
+
+    try:
+        config = read_stack_config(stack) if stack else {}
+        spec_weights = dict(config.get("weights") or {})
+        model_name = model or config.get("model")
+        if not model_name:
+            raise SpecError(["model: give --model or --stack"], "weights mirror")
+        if resolve:
+            source = mirror_ops.LocalSource(source_dir) if source_dir else mirror_ops.HubSource(_model_id(model_name))
+            typer.echo(source.resolve(revision))
+            return
+        spec_weights.update({k: v for k, v in {"bucket": bucket, "revision": revision}.items() if v})
+        spec_weights["source"] = "bucket"
+        parsed = parse_spec(
+            {"model": model_name, "accelerator": {"kind": "cpu"}, "weights": spec_weights},
+            "weights mirror",
+        )
+    except SpecError as error:
+        _fail(f"error: {error}", EXIT_BAD_INPUT)
+    plan = WeightsPlan.of(parsed)
+    source = mirror_ops.LocalSource(source_dir) if source_dir else mirror_ops.HubSource(plan.model_id)
+    try:
+        mirror_ops.mirror(plan, source, progress=typer.echo)
+    except mirror_ops.MirrorError as error:
+        _fail(f"error: {error}", 1)
+
+
+def _model_id(name: str) -> str:
+    from gemmaserve.catalog import CATALOG
+
+    try:
+        return CATALOG.model(name).hf_id
+    except KeyError:
+        return name
 
 
 @app.command("status")

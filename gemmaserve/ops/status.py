@@ -27,6 +27,9 @@ class ReplicaStatus:
     waiting: float | None
     kv_cache_usage: float | None
     prefix_cache_hit_rate: float | None
+    # What the unit says it is doing: "fetching weights: 412/1090 MiB ...", "loading model",
+    # "compiling (12 new compile-cache files)", "ready (38 s after start)" (roles/replicas/files/replica_ready.py).
+    phase: str = ""
 
 
 def metric_sums(text: str) -> dict[str, float]:
@@ -40,7 +43,7 @@ def metric_sums(text: str) -> dict[str, float]:
 
 
 def replica_status(
-    host: str, index: int, state: str, health_code: str, models_json: str, metrics: str
+    host: str, index: int, state: str, health_code: str, models_json: str, metrics: str, phase: str = ""
 ) -> ReplicaStatus:
     sums = metric_sums(metrics)
     try:
@@ -60,7 +63,15 @@ def replica_status(
         waiting=sums.get("vllm:num_requests_waiting"),
         kv_cache_usage=sums.get("vllm:kv_cache_usage_perc"),
         prefix_cache_hit_rate=(hits / queries) if queries else None,
+        phase=phase,
     )
+
+
+def phase_of(replica_text: str, weights_state: str, weights_text: str) -> str:
+    """The weights unit's line while it is fetching, else the replica unit's own status line."""
+    if weights_state == "activating" and weights_text:
+        return weights_text
+    return replica_text
 
 
 def probe_script(serving: Plan) -> str:
@@ -72,7 +83,10 @@ def probe_script(serving: Plan) -> str:
             f"systemctl is-active vllm@{r.index} || true; echo {SEPARATOR}; "
             f"curl -s -m 3 -o /dev/null -w '%{{http_code}}' {base}/health || true; echo; echo {SEPARATOR}; "
             f"curl -s -m 3 {base}/v1/models || true; echo; echo {SEPARATOR}; "
-            f"curl -s -m 3 {base}/metrics || true; echo {SEPARATOR}"
+            f"curl -s -m 3 {base}/metrics || true; echo {SEPARATOR}; "
+            f"systemctl show -p StatusText --value vllm@{r.index}; "
+            "systemctl show -p ActiveState,StatusText --value gemmaserve-weights 2>/dev/null | tr '\\n' '|'; "
+            f"echo; echo {SEPARATOR}"
         )
     return "; ".join(parts)
 
@@ -84,8 +98,11 @@ def collect(inventory: str) -> list[ReplicaStatus]:
         output = host.connect().run(f"sh -c {shlex.quote(probe_script(serving))}").stdout
         chunks = output.split(SEPARATOR)
         for replica in serving.replicas:
-            state, code, models, metrics = (c.strip() for c in chunks[replica.index * 4 : replica.index * 4 + 4])
-            statuses.append(replica_status(name, replica.index, state, code, models, metrics))
+            state, code, models, metrics, unit = (c.strip() for c in chunks[replica.index * 5 : replica.index * 5 + 5])
+            replica_text, _, weights = unit.partition("\n")
+            weights_state, _, weights_text = weights.strip("|").partition("|")
+            phase = phase_of(replica_text.strip(), weights_state, weights_text.strip("|"))
+            statuses.append(replica_status(name, replica.index, state, code, models, metrics, phase))
     return statuses
 
 
@@ -98,7 +115,18 @@ def print_table(statuses: list[ReplicaStatus]) -> None:
     from rich.table import Table
 
     table = Table(title="gemmaserve status")
-    for column in ("host", "replica", "unit", "health", "model", "running", "waiting", "KV cache", "prefix hits"):
+    for column in (
+        "host",
+        "replica",
+        "unit",
+        "phase",
+        "health",
+        "model",
+        "running",
+        "waiting",
+        "KV cache",
+        "prefix hits",
+    ):
         table.add_column(column)
 
     def number(value: float | None, percent: bool = False) -> str:
@@ -111,6 +139,7 @@ def print_table(statuses: list[ReplicaStatus]) -> None:
             s.host,
             str(s.index),
             s.state,
+            s.phase or "-",
             "[green]ok[/green]" if s.healthy else "[red]down[/red]",
             s.model or "-",
             number(s.running),

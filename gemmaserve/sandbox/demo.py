@@ -64,7 +64,7 @@ def ensure_engine_and_model() -> None:
         console.print("    already built")
 
 
-def deploy(inventory: str = fleet.DEFAULT_INVENTORY) -> float:
+def deploy(inventory: str = fleet.DEFAULT_INVENTORY, env: dict[str, str | None] | None = None) -> float:
     """Run the real pyinfra CLI on the inventory, showing each operation as it starts."""
     start = _step(f"pyinfra {inventory} deploy.py")
 
@@ -72,21 +72,57 @@ def deploy(inventory: str = fleet.DEFAULT_INVENTORY) -> float:
         if line.startswith("--> Starting operation:"):
             console.print(f"    [dim]{time.perf_counter() - start:6.1f}s[/dim] {line.split(':', 1)[1].strip()}")
 
-    run = fleet.run_pyinfra(inventory, on_line=progress)
+    run = fleet.run_pyinfra(inventory, on_line=progress, env=env)
     if not run.ok:
         raise DemoError("pyinfra deploy failed:\n" + "\n".join(run.output.splitlines()[-40:]))
     return _done(start, "deployed")
 
 
-def run_demo() -> None:
+def mirror_into_sandbox_bucket() -> dict:
+    """Start the sandbox's bucket (a GCS API emulator), mirror the test model into it; returns the host data
+    that makes hosts pull it from there."""
+    import os
+
+    from gemmaserve.ops.weights import LocalSource, mirror, storage_client
+    from gemmaserve.sandbox import bucket
+    from gemmaserve.sandbox.profile import SANDBOX_BUCKET, bucket_host_data
+
+    start = _step("sandbox bucket: fake-gcs-server on the sandbox network")
+    emulator = bucket.up(log=lambda message: console.print(f"    {message}"))
+    os.environ.update(emulator.environ())
+    client = storage_client()
+    if client.lookup_bucket(SANDBOX_BUCKET) is None:
+        client.create_bucket(SANDBOX_BUCKET)
+    _done(start)
+    start = _step(f"gemmaserve weights mirror: {TINY_MODEL_DIR} -> gs://{SANDBOX_BUCKET}")
+    source = LocalSource(TINY_MODEL_DIR)
+    data = bucket_host_data(source.resolve(None))
+    weights = plan(spec_from_host_data({**sandbox_host_data(), **data}, "sandbox")).weights
+    mirror(weights, source, client=client, progress=lambda line: console.print(f"    {line}"))
+    _done(start)
+    return data
+
+
+def run_demo(weights: str = "local") -> None:
+    import tempfile
+
+    import yaml
+
     from gemmaserve import sandbox
+    from gemmaserve.sandbox.profile import OVERRIDE_ENV
 
     total = time.perf_counter()
     ensure_engine_and_model()
+    env = None
+    if weights == "bucket":
+        override = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="gemmaserve-demo-", delete=False)
+        override.write(yaml.safe_dump(mirror_into_sandbox_bucket()))
+        override.close()
+        env = {OVERRIDE_ENV: override.name}
     start = _step("sandbox host (Debian bookworm under systemd-nspawn)")
     sandbox.up(1, log=lambda message: console.print(f"    {message}"))
     _done(start)
-    deploy()
+    deploy(env=env)
     start = _step("verify the endpoint: models, chat, json_schema, tools, /metrics")
     endpoint = next(h.endpoint for h in sandbox.status() if h.name == "sandbox-1")
     if not endpoint:
@@ -114,7 +150,9 @@ def run_demo() -> None:
 
 def run_demo_down() -> None:
     from gemmaserve import sandbox
+    from gemmaserve.sandbox import bucket
 
-    start = _step("removing sandbox hosts")
+    start = _step("removing sandbox hosts and the sandbox bucket")
     sandbox.down(log=lambda message: console.print(f"    {message}"))
+    bucket.down(log=lambda message: console.print(f"    {message}"))
     _done(start)
