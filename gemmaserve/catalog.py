@@ -208,6 +208,27 @@ MODELS: tuple[ModelInfo, ...] = (
         local_dir="/var/lib/gemmaserve/models/tiny-gemma4",
         is_test_model=True,
     ),
+    # The same network with 8 layers and a 1.0 GiB per-layer input embedding table (gemmaserve.sandbox.
+    # tiny_model SIZES["1g"]): a test model big enough that loading its weights is measurable.
+    ModelInfo(
+        hf_id="gemmaserve/gemma4-1g-test",
+        aliases=("test-1g",),
+        num_layers=8,
+        full_every=4,
+        sliding=AttentionShape(kv_heads=1, head_dim=32),
+        full=AttentionShape(kv_heads=1, head_dim=64),
+        sliding_window=64,
+        num_kv_shared_layers=0,
+        attention_k_eq_v=False,
+        max_context=4096,
+        weights_gib=1.0,
+        hidden_size=64,
+        vocab_size=573,
+        modalities=frozenset({"text", "image"}),
+        total_params_b=0.54,
+        local_dir="/var/lib/gemmaserve/models/gemma4-1g-test",
+        is_test_model=True,
+    ),
 )
 
 

@@ -106,8 +106,9 @@ def _pyinfra(names: list[str], data: Path | None = None) -> tuple[float, float]:
     return run.seconds, _busy_cpu_s() - cpu
 
 
-COLD = "systemctl stop vllm@0 && rm -rf /dev/shm/gemmaserve/* && systemctl start vllm@0"
-WARM = "systemctl restart vllm@0"
+# --no-block: the unit is activating until /health answers (replica_ready.py); the timing starts at the start job.
+COLD = "systemctl stop vllm@0 && rm -rf /dev/shm/gemmaserve/* && systemctl start --no-block vllm@0"
+WARM = "systemctl restart --no-block vllm@0"
 
 
 def measure_deploy(log: Log = print) -> dict[str, float]:
@@ -188,3 +189,163 @@ def print_figures(figures: dict[str, float]) -> None:
     for name, value in figures.items():
         table.add_row(name, f"{value:.2f}" if value < 10 else f"{value:.1f}")
     Console().print(table)
+
+
+def sequential_read_mib_s(path: Path, chunk: int = 16 * 2**20) -> float:
+    """The disk's own sequential read bandwidth for `path`, bypassing the page cache (O_DIRECT)."""
+    import mmap
+
+    buffer = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT needs
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    started, total = time.monotonic(), 0
+    try:
+        while count := os.readv(fd, [buffer]):
+            total += count
+    finally:
+        os.close(fd)
+    return total / 2**20 / (time.monotonic() - started)
+
+
+def _drop_page_cache() -> None:
+    """So a start reads its weights from disk, not from memory (as on a freshly booted host)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def _deploy_with(host: state.Host, data: dict, log: Log) -> float:
+    override = rootfs.CACHE_DIR / f"bench-weights-{host.name}.yaml"
+    override.write_text(yaml.safe_dump(data))
+    try:
+        wall, _ = _pyinfra([host.name], override)
+    finally:
+        override.unlink(missing_ok=True)
+    return wall
+
+
+def measure_weights(log: Log = print) -> dict[str, float]:
+    """Cold start with a ≥ 1 GB test model: first token after `systemctl start` with the weights already
+    local, pulled from the sandbox's bucket, and streamed; next to the floors the disk and the bucket set.
+    Then two hosts with torch.compile on: the second starts warm from the bucket's compile cache vs cold."""
+    from gemmaserve.ops.weights import LocalSource, mirror, storage_client
+    from gemmaserve.plan import plan
+    from gemmaserve.sandbox import bucket
+    from gemmaserve.sandbox.demo import ensure_engine_and_model
+    from gemmaserve.sandbox.profile import DEFAULT_DATA, SANDBOX_BUCKET, bucket_host_data, sandbox_host_data
+    from gemmaserve.sandbox.tiny_model import ensure_test_model
+    from gemmaserve.sources import spec_from_host_data
+
+    ensure_engine_and_model()
+    model_dir, built = ensure_test_model(MODEL_1G_DIR, "1g")
+    log(f"1 GB test model at {model_dir} ({'built' if built else 'cached'})")
+    weights_bytes = sum(p.stat().st_size for p in model_dir.iterdir() if p.suffix == ".safetensors")
+    figures: dict[str, float] = {"weights_gib": weights_bytes / 2**30}
+    figures["disk_read_mib_s"] = sequential_read_mib_s(model_dir / "model.safetensors")
+    figures["floor_disk_s"] = weights_bytes / 2**20 / figures["disk_read_mib_s"]
+    emulator = bucket.up(log=log)
+    os.environ.update(emulator.environ())
+    client = storage_client()
+    if client.lookup_bucket(SANDBOX_BUCKET) is None:
+        client.create_bucket(SANDBOX_BUCKET)
+    source = LocalSource(model_dir)
+    local_data = {"gemmaserve_model": "test-1g", "gemmaserve_workload": {**DEFAULT_DATA["gemmaserve_workload"]}}
+    pulled_data = {**local_data, **bucket_host_data(source.resolve(None), model="test-1g")}
+    serving = plan(spec_from_host_data({**sandbox_host_data(), **pulled_data})).require_ok()
+    report = mirror(serving.weights, source, client=client, progress=log)
+    figures["mirror_mib_s"] = report.mib_per_s
+    figures["bucket_read_mib_s"] = _bucket_read_mib_s(serving.weights, log)
+    figures["floor_bucket_s"] = weights_bytes / 2**20 / figures["bucket_read_mib_s"]
+    indices = state.free_indices(2)
+    hosts = lifecycle.up_hosts(indices, log=log)
+    try:
+        first = hosts[0]
+        _deploy_with(first, local_data, log)
+        _drop_page_cache()
+        figures["first_token_weights_local_s"] = _first_token_after(
+            first, "systemctl stop vllm@0 && systemctl start --no-block vllm@0", log
+        )
+        _deploy_with(first, pulled_data, log)
+        pull = (
+            f"systemctl stop vllm@0 && rm -rf {serving.weights.local_dir} && "
+            "systemctl restart gemmaserve-weights && systemctl start --no-block vllm@0"
+        )
+        _drop_page_cache()
+        figures["first_token_weights_pulled_s"] = _first_token_after(first, pull, log)
+        figures["pulled_over_disk_floor"] = figures["first_token_weights_pulled_s"] / figures["floor_disk_s"]
+        figures["local_over_disk_floor"] = figures["first_token_weights_local_s"] / figures["floor_disk_s"]
+        log(
+            f"first token: weights local {figures['first_token_weights_local_s']:.1f} s, pulled "
+            f"{figures['first_token_weights_pulled_s']:.1f} s; floors: disk {figures['floor_disk_s']:.1f} s, "
+            f"bucket {figures['floor_bucket_s']:.1f} s"
+        )
+        figures.update(_second_host_warm_vs_cold(hosts, serving.weights.revision, log))
+    finally:
+        lifecycle.down([h.name for h in hosts], log=log)
+        bucket.down(log=log)
+    return figures
+
+
+MODEL_1G_DIR = Path("/var/lib/gemmaserve/models/gemma4-1g-test")
+
+
+def _bucket_read_mib_s(weights, log: Log) -> float:
+    """What the bucket serves: the host puller's own parallel ranged reads, from the outer machine."""
+    import importlib.util
+    import tempfile
+
+    from roles._lib.programs import program_source
+
+    spec = importlib.util.spec_from_file_location("weights_pull_bench", program_source("weights", "weights_pull.py"))
+    puller = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(puller)
+    with tempfile.TemporaryDirectory(dir=rootfs.CACHE_DIR) as scratch:
+        started = time.monotonic()
+        result = puller.pull(puller.gcs_json.Bucket(weights.bucket), weights.object_prefix, Path(scratch) / "w")
+        seconds = time.monotonic() - started
+    rate = result["bytes"] / 2**20 / seconds
+    log(f"bucket read (8 parallel ranged reads, verified): {rate:.0f} MiB/s")
+    return rate
+
+
+def _second_host_warm_vs_cold(hosts: list[state.Host], revision: str, log: Log) -> dict[str, float]:
+    """Host A compiles and saves its cache to the bucket; host B deploys from the bucket and starts warm."""
+    from gemmaserve.sandbox.profile import DEFAULT_DATA, bucket_host_data
+
+    compiled = {
+        "gemmaserve_workload": {**DEFAULT_DATA["gemmaserve_workload"], "enforce_eager": False},
+        **bucket_host_data(_tiny_revision()),
+    }
+    figures = {"deploy_first_host_compiled_s": _deploy_with(hosts[0], compiled, log)}
+    machine.in_host(hosts[0], "systemctl", "start", "gemmaserve-cache-save.service", timeout=300)
+    figures["deploy_second_host_from_bucket_s"] = _deploy_with(hosts[1], compiled, log)
+    warm_from_bucket = (
+        "systemctl stop vllm@0 gemmaserve-cache-restore && rm -rf /dev/shm/gemmaserve/* "
+        "/var/lib/gemmaserve/compile-cache/* && systemctl start gemmaserve-cache-restore && systemctl start --no-block vllm@0"
+    )
+    cold = (
+        "systemctl stop vllm@0 && rm -rf /dev/shm/gemmaserve/* /var/lib/gemmaserve/compile-cache/* "
+        "&& systemctl start --no-block vllm@0"
+    )
+    figures["second_host_first_token_warm_from_bucket_s"] = _first_token_after(hosts[1], warm_from_bucket, log)
+    figures["second_host_first_token_cold_s"] = _first_token_after(hosts[1], cold, log)
+    figures["second_host_warm_over_cold"] = (
+        figures["second_host_first_token_warm_from_bucket_s"] / figures["second_host_first_token_cold_s"]
+    )
+    log(
+        f"second host, compiled: first token {figures['second_host_first_token_warm_from_bucket_s']:.1f} s warm from "
+        f"the bucket's cache, {figures['second_host_first_token_cold_s']:.1f} s cold"
+    )
+    return figures
+
+
+def _tiny_revision() -> str:
+    """The tiny model mirrored too (the compile figures use it: compiling, not loading, is what they time)."""
+    from gemmaserve.ops.weights import LocalSource, mirror, storage_client
+    from gemmaserve.plan import plan
+    from gemmaserve.sandbox.profile import TINY_MODEL_DIR, bucket_host_data, sandbox_host_data
+    from gemmaserve.sources import spec_from_host_data
+
+    source = LocalSource(TINY_MODEL_DIR)
+    revision = source.resolve(None)
+    serving = plan(spec_from_host_data({**sandbox_host_data(), **bucket_host_data(revision)})).require_ok()
+    mirror(serving.weights, source, client=storage_client(), progress=lambda _: None)
+    return revision

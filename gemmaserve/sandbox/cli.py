@@ -123,6 +123,12 @@ def bench(
     cold: bool = typer.Option(False, "--cold", help="Delete the cached rootfs first and time the debootstrap build."),
     deploy: bool = typer.Option(False, "--deploy", help="Also deploy the demo profile and time serving restarts."),
     fleet: int = typer.Option(0, "--fleet", help="Also time one pyinfra run deploying N fresh hosts against 1."),
+    weights: bool = typer.Option(
+        False,
+        "--weights",
+        help="Also time cold starts of a 1 GB test model (local, pulled from the sandbox's bucket) against the "
+        "disk's and the bucket's floors, and a second host warm from the bucket's compile cache vs cold.",
+    ),
 ) -> None:
     """Print sandbox figures: rootfs build and unpack, host up, boot to ssh, idle RSS, down
     (with --deploy: pyinfra deploy, no-op redeploy, first token after cold and warm restarts, eager and
@@ -135,6 +141,8 @@ def bench(
             figures.update(sandbox_bench.measure_deploy(log=_console_log()))
         if fleet:
             figures.update(sandbox_bench.measure_fleet(fleet, log=_console_log()))
+        if weights:
+            figures.update(sandbox_bench.measure_weights(log=_console_log()))
     except (RuntimeError, OSError) as error:
         _fail(error)
     sandbox_bench.print_figures(figures)

@@ -110,19 +110,57 @@ Production specs name real checkpoints (for example google/gemma-4-31b-it).
 """
 
 
-def build_tiny_model(out: str | os.PathLike) -> Path:
-    """Write the tiny test checkpoint to `out` and return its path."""
+# The ≥ 1 GB variant for weight-loading figures: the same tiny network, 8 layers, plus Gemma 4's per-layer
+# input embeddings (as E2B/E4B have them, https://huggingface.co/docs/transformers/model_doc/gemma4) sized
+# like E2B's table: 262,144 rows x 8 layers x 256 = 537M bf16 parameters, 1.0 GiB. Lookups cost nothing, so
+# loading, not compute, is what this model's start-up measures.
+SIZES = {
+    "tiny": {},
+    "1g": {
+        "num_hidden_layers": 8,
+        "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 2,
+        "hidden_size_per_layer_input": 256,
+        "vocab_size_per_layer_input": 262144,
+    },
+}
+
+
+def recipe_digest(size: str = "tiny") -> str:
+    """What a built model depends on: this file's recipe and the size. A cached build is reused only when equal."""
+    import hashlib
+
+    return hashlib.sha256(Path(__file__).read_bytes() + size.encode()).hexdigest()[:16]
+
+
+def build_tiny_model(out: str | os.PathLike, size: str = "tiny") -> Path:
+    """Write the tiny test checkpoint (or its `size` variant) to `out` and return its path."""
     out = Path(out).resolve()
     try:
         import tokenizers  # noqa: F401
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError:
-        return _build_in_vllm_venv(out)
-    return _build(out)
+        return _build_in_vllm_venv(out, size)
+    return _build(out, size)
 
 
-def _build_in_vllm_venv(out: Path) -> Path:
+def ensure_test_model(out: str | os.PathLike, size: str) -> tuple[Path, bool]:
+    """The model at `out`, built once per recipe (cached by recipe_digest); (path, built now)."""
+    out = Path(out)
+    stamp = out / "gemmaserve_test_model.json"
+    if stamp.is_file() and json.loads(stamp.read_text()).get("recipe") == recipe_digest(size):
+        return out, False
+    staging = out.with_name(out.name + ".building")
+    import shutil
+
+    shutil.rmtree(staging, ignore_errors=True)
+    build_tiny_model(staging, size)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return out, True
+
+
+def _build_in_vllm_venv(out: Path, size: str = "tiny") -> Path:
     python = os.environ.get("GEMMASERVE_VLLM_PYTHON", DEFAULT_VLLM_PYTHON)
     if not Path(python).exists():
         raise RuntimeError(
@@ -133,7 +171,7 @@ def _build_in_vllm_venv(out: Path) -> Path:
     # sys.path, and this package's profile.py would shadow the standard library's `profile` module.
     repo = Path(__file__).resolve().parents[2]
     subprocess.run(
-        [python, "-m", "gemmaserve.sandbox.tiny_model", str(out)],
+        [python, "-m", "gemmaserve.sandbox.tiny_model", str(out), size],
         check=True,
         stdout=subprocess.DEVNULL,  # the child prints the path; the caller reports it
         cwd=repo,
@@ -142,7 +180,7 @@ def _build_in_vllm_venv(out: Path) -> Path:
     return out
 
 
-def _build(out: Path) -> Path:
+def _build(out: Path, size: str = "tiny") -> Path:
     import torch
     from transformers import (
         Gemma4AudioFeatureExtractor,
@@ -177,6 +215,7 @@ def _build(out: Path) -> Path:
         "pad_token_id": ids["<pad>"],
         "bos_token_id": ids["<bos>"],
         "eos_token_id": eos_ids,
+        **SIZES[size],
     }
     vision_config = {
         "hidden_size": 32,
@@ -229,7 +268,18 @@ def _build(out: Path) -> Path:
     (out / "README.md").write_text(README)
     n_params = sum(p.numel() for p in model.parameters())
     (out / "gemmaserve_test_model.json").write_text(
-        json.dumps({"name": MODEL_NAME, "test_model": True, "parameters": n_params, "seed": SEED}, indent=2) + "\n"
+        json.dumps(
+            {
+                "name": MODEL_NAME,
+                "test_model": True,
+                "parameters": n_params,
+                "seed": SEED,
+                "size": size,
+                "recipe": recipe_digest(size),
+            },
+            indent=2,
+        )
+        + "\n"
     )
     # safetensors writes its file 0600; the serving user on a host (bind-mounted read-only) must read it.
     for path in out.iterdir():
@@ -291,6 +341,6 @@ def _corpus() -> list[str]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT_DIR")
-    print(build_tiny_model(sys.argv[1]))
+    if len(sys.argv) not in (2, 3):
+        sys.exit(f"usage: {sys.argv[0]} OUT_DIR [tiny|1g]")
+    print(build_tiny_model(sys.argv[1], *sys.argv[2:]))
