@@ -1,0 +1,84 @@
+"""Where a replica's weights come from, as the plan decides it: hub, a local test model, the mirror (pull or stream)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemmaserve.plan import plan
+from gemmaserve.spec import SpecError, parse_spec
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def serving(weights: dict | None = None, secret: dict | None = None, model: str = "31b"):
+    data = {"model": model, "accelerator": {"kind": "rtx-pro-6000", "count": 2}}
+    if weights is not None:
+        data["weights"] = weights
+    if secret is not None:
+        data["secret"] = secret
+    return plan(parse_spec(data)).require_ok()
+
+
+def test_hub_by_default_with_the_token_and_no_local_copy():
+    result = serving(secret={"secret_manager": "hf-token"})
+    replica = result.replicas[0]
+    assert result.weights.mode == "hub" and result.weights.local_dir is None
+    assert replica.argv[2] == "google/gemma-4-31B-it" and "--revision" not in replica.argv
+    assert replica.env["HF_TOKEN_PATH"].startswith("/run/credentials/") and "HF_HUB_OFFLINE" not in replica.env
+
+
+def test_hub_with_a_pinned_revision_passes_it_to_vllm():
+    argv = serving({"revision": REVISION}).replicas[0].argv
+    assert argv[argv.index("--revision") + 1] == REVISION
+
+
+def test_pull_serves_the_one_local_copy_offline_and_without_the_token():
+    result = serving(
+        {"source": "bucket", "bucket": "gs://acme-weights/team", "revision": REVISION},
+        secret={"secret_manager": "hf-token"},
+    )
+    local = f"/var/lib/gemmaserve/weights/google/gemma-4-31B-it/{REVISION}"
+    assert result.weights.local_dir == local
+    assert result.weights.uri == f"gs://acme-weights/team/models/google/gemma-4-31B-it/{REVISION}/"
+    assert result.weights.compile_cache_prefix == "team/compile-cache/"
+    for replica in result.replicas:  # every replica serves the same copy
+        assert replica.argv[2:5] == [local, "--served-model-name", "google/gemma-4-31B-it"]
+        assert replica.env["HF_HUB_OFFLINE"] == "1" and "HF_TOKEN_PATH" not in replica.env
+    assert result.token_source_path is None
+    assert any("no host needs the Hugging Face token" in w for w in result.warnings)
+
+
+def test_stream_reads_the_bucket_with_the_runai_streamer():
+    replica = serving(
+        {"source": "bucket", "bucket": "gs://acme-weights", "revision": REVISION, "load": "stream"}
+    ).replicas[0]
+    assert replica.argv[2] == f"gs://acme-weights/models/google/gemma-4-31B-it/{REVISION}/"
+    assert replica.argv[replica.argv.index("--load-format") + 1] == "runai_streamer"
+
+
+def test_a_test_model_is_served_from_its_directory():
+    result = plan(parse_spec({"model": "tiny", "accelerator": {"kind": "cpu"}})).require_ok()
+    assert result.weights.mode == "local" and result.replicas[0].argv[2] == "/var/lib/gemmaserve/models/tiny-gemma4"
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ({"source": "bucket", "revision": REVISION}, "weights.bucket = None: required with source bucket"),
+        ({"source": "bucket", "bucket": "gs://acme"}, "weights.revision = None: required with source bucket"),
+        (
+            {"source": "bucket", "bucket": "gs://acme", "revision": "main"},
+            "weights.revision = 'main': must be a commit sha",
+        ),
+        (
+            {"source": "bucket", "bucket": "s3://acme", "revision": REVISION},
+            "weights.bucket = 's3://acme': allowed: gs://BUCKET",
+        ),
+        ({"source": "bucket", "bucket": "gs://Acme.Corp", "revision": REVISION}, "allowed: gs://BUCKET"),
+        ({"load": "stream"}, "weights.load = 'stream': streams only from the bucket"),
+        ({"source": "s3"}, "weights.source = 's3'"),
+    ],
+)
+def test_bad_weights_input_names_field_value_and_what_is_allowed(weights, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        serving(weights)
