@@ -74,10 +74,18 @@ class EnginePlan:
     version: str
     transformers_version: str
     image: str | None
+    # pip extras of the vLLM wheel: "runai" (the Run:ai Model Streamer, for weights.load stream).
+    extras: tuple[str, ...] = ()
 
     @property
     def venv(self) -> str:
-        return f"{VENV_ROOT}/{self.package}-{self.version}"
+        suffix = "".join(f"+{extra}" for extra in self.extras)
+        return f"{VENV_ROOT}/{self.package}-{self.version}{suffix}"
+
+    @property
+    def requirement(self) -> str:
+        extras = f"[{','.join(self.extras)}]" if self.extras else ""
+        return f"{self.package}{extras}=={self.version}"
 
     @property
     def vllm_executable(self) -> str:
@@ -601,9 +609,6 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
         env["HF_TOKEN_PATH"] = f"/run/credentials/vllm@{index}.service/hf-token"
     if spec.model_info.is_test_model or from_bucket:
         env["HF_HUB_OFFLINE"] = "1"  # a local directory or the mirror; never reach for a hub
-    if spec.weights.load == "stream" and from_bucket:
-        # Hosts read the bucket with their service account (Application Default Credentials).
-        env["RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS"] = "false"
     if acc.is_tpu:
         env["VLLM_TPU_BUCKET_PADDING_GAP"] = str(TPU_BUCKET_PADDING_GAP)
         env["VLLM_XLA_CACHE_PATH"] = f"{cache}/xla"
@@ -641,6 +646,8 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
         version=spec.vllm_version,
         transformers_version=spec.engine.transformers_version,
         image=spec.image if spec.engine.kind == "container" else None,
+        # vLLM's `runai` extra brings runai-model-streamer[gcs] (vLLM 0.32 setup: runai-model-streamer>=0.15.7).
+        extras=("runai",) if spec.weights.source == "bucket" and spec.weights.load == "stream" else (),
     )
     result = Plan(spec=spec, model=model, accelerator=acc, engine=engine, weights=WeightsPlan.of(spec))
     kv_dtype = spec.workload.kv_cache_dtype

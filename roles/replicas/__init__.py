@@ -15,7 +15,14 @@ from pyinfra.operations import files, server, systemd
 from gemmaserve.plan import STATE_DIR, Plan, ReplicaPlan
 from roles._lib.facts import HostState, PathState
 from roles._lib.managed import managed_file, managed_service, same_content
-from roles._lib.programs import ARGCHECK, HAPROXY_ADMIN, LIB_DIR, installed_path, program_source
+from roles._lib.programs import (
+    ARGCHECK,
+    HAPROXY_ADMIN,
+    LIB_DIR,
+    STORAGE_EMULATOR_KEY,
+    installed_path,
+    program_source,
+)
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings
 from roles.weights import unit_name as weights_unit
@@ -65,9 +72,21 @@ def replica_args(replica: ReplicaPlan) -> str:
     return " ".join(a.replace('"', '\\"') for a in args)
 
 
-def render_env(serving: Plan, replica: ReplicaPlan) -> str:
+def emulator_env(serving: Plan, emulator: str | None) -> dict[str, str]:
+    """A GCS API emulator for the Run:ai streamer (the sandbox's bucket): its Python side reads
+    STORAGE_EMULATOR_HOST, its C++ client (google-cloud-cpp) CLOUD_STORAGE_EMULATOR_ENDPOINT."""
+    if not emulator or serving.weights.mode != "stream":
+        return {}
+    return {
+        "STORAGE_EMULATOR_HOST": emulator,
+        "CLOUD_STORAGE_EMULATOR_ENDPOINT": emulator,
+        "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "true",
+    }
+
+
+def render_env(serving: Plan, replica: ReplicaPlan, emulator: str | None = None) -> str:
     previous = serving.replicas[replica.index - 1] if replica.index else None
-    env = dict(replica.env)
+    env = {**replica.env, **emulator_env(serving, emulator)}
     env["GEMMASERVE_CACHE_DIRS"] = " ".join(env[k] for k in CACHE_ENV_KEYS if k in env)
     return render(
         TEMPLATES / "replica.env.j2",
@@ -187,7 +206,7 @@ def replicas(serving: Plan) -> None:
     _remove_extra_replicas(serving)
     check = argcheck_command(serving)
     for replica in serving.replicas:
-        live, content = env_path(replica.index), render_env(serving, replica)
+        live, content = env_path(replica.index), render_env(serving, replica, host.data.get(STORAGE_EMULATOR_KEY))
         env_owner(name=f"Fix the owner and mode of {live}", path=live, content=content, current=now.path(live))
         env = checked_env(
             name=f"Check replica {replica.index}'s vLLM flags with vLLM's own parser, then install them",

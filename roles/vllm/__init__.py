@@ -123,7 +123,7 @@ def wheel_venv(engine: EnginePlan, vendor: str, installed: str | None, uv_versio
     yield f"{uv} venv --relocatable --python {VENV_PYTHON[vendor]} {staging}"
     yield (
         f"VIRTUAL_ENV={staging} {uv} pip install{index} --index-strategy unsafe-best-match "
-        f"{engine.package}=={engine.version} transformers=={engine.transformers_version}"
+        f"'{engine.requirement}' transformers=={engine.transformers_version}"
     )
     # Built next to its final path, then moved: a failed install never leaves a half venv.
     yield f"rm -rf {engine.venv} && mv {staging} {engine.venv}"
