@@ -130,8 +130,28 @@ def test_no_token_in_replica_environment(target, replica):
     pid = target.host.run(f"systemctl show -p MainPID --value vllm@{replica.index}").stdout.strip()
     environ = target.host.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
     assert "HF_TOKEN=" not in environ
-    if target.plan.spec.secret:
+    if target.plan.token_source_path:
         assert f"HF_TOKEN_PATH=/run/credentials/vllm@{replica.index}.service/hf-token" in environ
+    else:  # weights from the mirror: the token is not on the host at all
+        assert "HF_TOKEN_PATH=" not in environ
+
+
+def test_replica_reports_ready(target, replica):
+    """The unit's status line separates loading and compiling from serving (roles/replicas/files/replica_ready.py)."""
+    text = target.host.run(f"systemctl show -p StatusText --value vllm@{replica.index}").stdout
+    assert text.startswith("ready"), text
+
+
+def test_weights_are_local_before_replicas(target):
+    """Pulled from the mirror: one verified local copy and a finished fetch unit; a test model: its directory;
+    from the hub: the prefetch unit finished; streamed: nothing local by design."""
+    weights = target.plan.weights
+    if weights.mode == "pull":
+        assert target.host.file(f"{weights.local_dir}/.gemmaserve-complete").is_file
+    if weights.mode == "local":
+        assert target.host.file(f"{target.plan.model.local_dir}/config.json").is_file
+    elif weights.mode == "pull" or (weights.mode == "hub" and target.plan.engine.kind == "wheel"):
+        assert target.host.run("systemctl is-active gemmaserve-weights").stdout.strip() == "active"
 
 
 def test_compile_cache_on_tmpfs(target, replica):
