@@ -238,10 +238,10 @@ def main(argv: list[str]) -> int:
             )
         else:
             pull(bucket, prefix, args.dest, args.parallel, args.user)
-            notify("READY=1")
+            time.sleep(0.2)  # let systemd read the last status line while this process is still the main one
     except PullError as error:
         status(f"failed: {error}")
-        print(f"gemmaserve-weights: error: {error}", file=sys.stderr)
+        time.sleep(0.2)
         return 1
     return 0
 
