@@ -58,11 +58,12 @@ def _load() -> Emulator | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` is still our emulator (not a reused pid, not a zombie waiting to be reaped)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/exe").resolve(strict=True) == binary().resolve()
+    except OSError:
         return False
-    return Path(f"/proc/{pid}/exe").resolve() == binary().resolve()
 
 
 def answering(endpoint: str = ENDPOINT, timeout: float = 2) -> bool:
@@ -92,6 +93,7 @@ def up(log: Log = plain_log, address: str = ADDRESS, port: int = PORT) -> Emulat
         # A veth pair only to hold the address (no dummy module on every kernel); nothing is attached to it.
         run("ip", "link", "add", INTERFACE, "type", "veth", "peer", "name", f"{INTERFACE}p")
         run("ip", "addr", "add", f"{address}/32", "dev", INTERFACE)
+        run("ip", "link", "set", f"{INTERFACE}p", "up")
         run("ip", "link", "set", INTERFACE, "up")
     endpoint = f"http://{address}:{port}"
     log_file = open(STATE_DIR / "emulator.log", "ab")  # noqa: SIM115 - the child keeps it
