@@ -163,6 +163,15 @@ def _print_plan(result) -> None:
         console.print("[bold]environment[/bold]:")
         for key, value in first.env.items():
             console.print(f"  {key}={value}", markup=False, highlight=False)
+    weights = result.weights
+    where = {
+        "pull": f"pulled from {weights.uri} to {weights.local_dir} before replicas start",
+        "stream": f"streamed from {weights.uri} (Run:ai Model Streamer)",
+        "local": f"served from {result.model.local_dir}",
+        "hub": "downloaded from Hugging Face before replicas start"
+        + (f" (revision {weights.revision})" if weights.revision else ""),
+    }[weights.mode]
+    console.print(f"[bold]weights[/bold]: {where}", markup=True, highlight=False)
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
 
