@@ -25,6 +25,7 @@ from roles._lib.programs import (
 )
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings
+from roles.weights import marker_path as weights_marker
 from roles.weights import unit_name as weights_unit
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -162,6 +163,7 @@ def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
         "timeout_start": settings.timeout_start,
         "stagger_checks": settings.stagger_checks,
         "weights_unit": weights_unit(serving),
+        "weights_marker": weights_marker(serving),
         "ready_program": READY,
         "health_url": "$GEMMASERVE_HEALTH_URL",
     }

@@ -47,6 +47,26 @@ class WeightsMarker(FactBase[str]):
         return "\n".join(output).strip()
 
 
+class MirrorCheck(FactBase[str]):
+    """The installed puller's `check` of the mirror from this host: "ok", the error it printed, or "" when
+    the puller is not installed yet (a first deploy checks in the fetch operation instead):
+
+    .. code:: python
+
+        "gemmaserve-weights: failed: gs://acme: no such bucket (weights.bucket)"
+    """
+
+    def command(self, bucket: str, prefix: str, emulator: str | None) -> str:
+        env = f"STORAGE_EMULATOR_HOST={shlex.quote(emulator)} " if emulator else ""
+        check = (
+            f"{env}/usr/bin/python3 {PULL} check --bucket {shlex.quote(bucket)} --prefix {shlex.quote(prefix)} --dest /"
+        )
+        return f"if test -f {PULL}; then {check} >/dev/null 2>&1 && echo ok || {check} 2>&1 | tail -1; fi"
+
+    def process(self, output: list[str]) -> str:
+        return "\n".join(output).strip()
+
+
 def marker_path(serving: Plan) -> str | None:
     weights = serving.weights
     if weights.mode == "pull":
@@ -130,19 +150,30 @@ def weights(serving: Plan) -> None:
     )
     systemd.daemon_reload(name=f"Reload systemd units for {UNIT}", _if=unit.did_change)
     managed_service(name=f"Enable {UNIT}", service=UNIT, current=now.unit(UNIT), running=None)
+    checked = ""
+    if serving.weights.mode == "pull":
+        # Every deploy checks the mirror as this host sees it (a fact: no change when all is well), so a
+        # wrong bucket or revision fails here even on a host whose weights are already local.
+        checked = host.get_fact(
+            MirrorCheck, bucket=serving.weights.bucket, prefix=serving.weights.object_prefix, emulator=emulator
+        )
     fetch_before_replicas(
         name=f"Fetch {serving.weights.model_id} weights to local disk before any replica restarts",
         serving=serving,
         emulator=emulator,
         done=bool(host.get_fact(WeightsMarker, path=marker)),
+        checked=checked,
     )
 
 
 @operation(is_idempotent=False)
-def fetch_before_replicas(serving: Plan, emulator: str | None, done: bool):
+def fetch_before_replicas(serving: Plan, emulator: str | None, done: bool, checked: str = ""):
     """Check the mirror has the revision (a clear error, before anything restarts), then run the fetch
     unit and wait for it; a revision already local is left alone (a revision's files never change)."""
     weights = serving.weights
+    if checked and checked != "ok":
+        yield f"echo {shlex.quote(checked)} >&2; exit 1"
+        return
     if done:
         host.noop(f"{weights.model_id} weights are local ({weights.local_dir or HF_HOME})")
         return

@@ -125,7 +125,7 @@ def test_host_b_never_asked_hugging_face(hosts):
     # Nothing in the hub cache, no token anywhere, offline mode on, and no hub host in any log.
     assert remote.run("find /var/lib/gemmaserve/hf -path '*hub*' -type f 2>/dev/null | head -1").stdout == ""
     assert "LoadCredential" not in remote.file("/etc/systemd/system/vllm@.service").content_string
-    assert "HF_TOKEN_PATH" not in remote.file("/etc/gemmaserve/replica-0.env").content_string
+    assert "HF_TOKEN_PATH=" not in remote.file("/etc/gemmaserve/replica-0.env").content_string
     environ = remote.run("tr '\\0' '\\n' < /proc/$(systemctl show -p MainPID --value vllm@0)/environ").stdout
     assert "HF_HUB_OFFLINE=1" in environ and "HF_TOKEN" not in environ
     assert remote.run("journalctl --no-pager -o cat | grep -ci huggingface.co").stdout.strip() == "0"
