@@ -226,13 +226,9 @@ def measure_weights(log: Log = print) -> dict[str, float]:
     """Cold start with a ≥ 1 GB test model: first token after `systemctl start` with the weights already
     local, pulled from the sandbox's bucket, and streamed; next to the floors the disk and the bucket set.
     Then two hosts with torch.compile on: the second starts warm from the bucket's compile cache vs cold."""
-    from gemmaserve.ops.weights import LocalSource, mirror, storage_client
-    from gemmaserve.plan import plan
     from gemmaserve.sandbox import bucket
     from gemmaserve.sandbox.demo import ensure_engine_and_model
-    from gemmaserve.sandbox.profile import DEFAULT_DATA, SANDBOX_BUCKET, bucket_host_data, sandbox_host_data
     from gemmaserve.sandbox.tiny_model import ensure_test_model
-    from gemmaserve.sources import spec_from_host_data
 
     ensure_engine_and_model()
     model_dir, built = ensure_test_model(MODEL_1G_DIR, "1g")
@@ -242,6 +238,18 @@ def measure_weights(log: Log = print) -> dict[str, float]:
     figures["disk_read_mib_s"] = sequential_read_mib_s(model_dir / "model.safetensors")
     figures["floor_disk_s"] = weights_bytes / 2**20 / figures["disk_read_mib_s"]
     emulator = bucket.up(log=log)
+    try:
+        return _measure_weights(figures, emulator, model_dir, weights_bytes, log)
+    finally:
+        bucket.down(log=log)
+
+
+def _measure_weights(figures: dict, emulator, model_dir: Path, weights_bytes: int, log: Log) -> dict[str, float]:
+    from gemmaserve.ops.weights import LocalSource, mirror, storage_client
+    from gemmaserve.plan import plan
+    from gemmaserve.sandbox.profile import DEFAULT_DATA, SANDBOX_BUCKET, bucket_host_data, sandbox_host_data
+    from gemmaserve.sources import spec_from_host_data
+
     os.environ.update(emulator.environ())
     client = storage_client()
     if client.lookup_bucket(SANDBOX_BUCKET) is None:
@@ -280,7 +288,6 @@ def measure_weights(log: Log = print) -> dict[str, float]:
         figures.update(_second_host_warm_vs_cold(hosts, serving.weights.revision, log))
     finally:
         lifecycle.down([h.name for h in hosts], log=log)
-        bucket.down(log=log)
     return figures
 
 
@@ -292,9 +299,10 @@ def _bucket_read_mib_s(weights, log: Log) -> float:
     import importlib.util
     import tempfile
 
-    from roles._lib.programs import program_source
+    from gemmaserve.ops.fleet import REPO
 
-    spec = importlib.util.spec_from_file_location("weights_pull_bench", program_source("weights", "weights_pull.py"))
+    program = REPO / "roles" / "weights" / "files" / "weights_pull.py"
+    spec = importlib.util.spec_from_file_location("weights_pull_bench", program)
     puller = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(puller)
     with tempfile.TemporaryDirectory(dir=rootfs.CACHE_DIR) as scratch:
