@@ -90,7 +90,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint-shaped directory: safetensors weights (LFS on the hub) and small JSON files."""
     root = tmp_path_factory.mktemp("model")
     (root / "model-00001-of-00002.safetensors").write_bytes(os.urandom(3 * 2**20 + 17))
-    (root / "model-00002-of-00002.safetensors").write_bytes(os.urandom(70 * 2**20 + 5))  # several pull pieces
+    (root / "model-00002-of-00002.safetensors").write_bytes(os.urandom(5 * 2**20 + 5))
     (root / "config.json").write_text('{"architectures": ["Gemma4ForConditionalGeneration"]}\n')
     (root / "tokenizer.json").write_text('{"version": "1.0"}\n')
     (root / ".gitattributes").write_text("*.safetensors filter=lfs\n")

@@ -20,8 +20,9 @@ def mirrored(bucket, model_dir):
     return weights, gcs_json.Bucket(bucket.name)
 
 
-def test_pull_verifies_and_shares_one_copy(mirrored, model_dir, tmp_path):
+def test_pull_verifies_and_shares_one_copy(mirrored, model_dir, tmp_path, monkeypatch):
     weights, remote = mirrored
+    monkeypatch.setattr(weights_pull, "PIECE", 2**20)  # several ranged reads per file, in parallel
     dest = tmp_path / "weights" / weights.revision
     result = weights_pull.pull(remote, weights.object_prefix, dest, parallel=4)
     assert result["files"] == 4
