@@ -141,6 +141,9 @@ def _replica_pid(remote) -> str:
         ("missing bucket", "gs://gemmaserve-no-such-bucket: no such bucket"),
         ("revision not in the mirror", "this revision is not in the mirror"),
         ("corrupted object", "is corrupt: sha256"),
+        # The emulator implements no IAM; the nearest real refusal is a host without credentials: outside
+        # the emulator it asks the metadata server for its service account's token and there is none.
+        ("no credentials", "no service account token from the metadata server"),
     ],
 )
 def test_bad_mirror_input_fails_before_any_restart(hosts, data, emulator, tmp_path, case, expected):
@@ -151,10 +154,13 @@ def test_bad_mirror_input_fails_before_any_restart(hosts, data, emulator, tmp_pa
         weights["bucket"] = "gs://gemmaserve-no-such-bucket"
     elif case == "revision not in the mirror":
         weights["revision"] = "f" * 40
-    else:
+    elif case == "corrupted object":
         weights["revision"] = _mirror_corrupted_revision(tmp_path, emulator)
+    overrides = {**data, "gemmaserve_weights": weights}
+    if case == "no credentials":
+        overrides["gemmaserve_storage_emulator_host"] = None
     pid = _replica_pid(remote)
-    result = deploy(up[1].name, {**data, "gemmaserve_weights": weights}, tmp_path)
+    result = deploy(up[1].name, overrides, tmp_path)
     assert result.returncode != 0
     assert expected in result.output, result.output[-3000:]
     assert _replica_pid(remote) == pid, "the replica was restarted"
