@@ -67,6 +67,13 @@ def replica_status(
     )
 
 
+def unit_phase(chunk: str) -> str:
+    """The probe's last part: the replica's status line, then the weights unit's "ActiveState|StatusText|"."""
+    lines = chunk.strip("\n").split("\n") + ["", ""]
+    weights_state, _, weights_text = lines[1].partition("|")
+    return phase_of(lines[0].strip(), weights_state, weights_text.rstrip("|"))
+
+
 def phase_of(replica_text: str, weights_state: str, weights_text: str) -> str:
     """The weights unit's line while it is fetching, else the replica unit's own status line."""
     if weights_state == "activating" and weights_text:
@@ -98,11 +105,9 @@ def collect(inventory: str) -> list[ReplicaStatus]:
         output = host.connect().run(f"sh -c {shlex.quote(probe_script(serving))}").stdout
         chunks = output.split(SEPARATOR)
         for replica in serving.replicas:
-            state, code, models, metrics, unit = (c.strip() for c in chunks[replica.index * 5 : replica.index * 5 + 5])
-            replica_text, _, weights = unit.partition("\n")
-            weights_state, _, weights_text = weights.strip("|").partition("|")
-            phase = phase_of(replica_text.strip(), weights_state, weights_text.strip("|"))
-            statuses.append(replica_status(name, replica.index, state, code, models, metrics, phase))
+            raw = chunks[replica.index * 5 : replica.index * 5 + 5]
+            state, code, models, metrics = (c.strip() for c in raw[:4])
+            statuses.append(replica_status(name, replica.index, state, code, models, metrics, unit_phase(raw[4])))
     return statuses
 
 

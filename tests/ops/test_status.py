@@ -37,3 +37,13 @@ def test_probe_script_covers_every_replica():
     data = {**sandbox_host_data(), "gemmaserve_accelerator": {"kind": "cpu", "count": 2}}
     script = probe_script(plan(spec_from_host_data(data)))
     assert "127.0.0.1:8000/metrics" in script and "127.0.0.1:8001/metrics" in script
+
+
+def test_phase_is_the_weights_units_line_while_it_fetches():
+    from gemmaserve.ops.status import unit_phase
+
+    assert unit_phase("\nready (38 s after start)\nactive|weights local in /w|\n") == "ready (38 s after start)"
+    fetching = "\n\nactivating|fetching weights: 10/100 MiB (10%), 5 MiB/s|\n"
+    assert unit_phase(fetching) == "fetching weights: 10/100 MiB (10%), 5 MiB/s"
+    assert unit_phase("\ncompiling (3 new compile-cache files)\ninactive||\n").startswith("compiling")
+    assert unit_phase("\n\ninactive||\n") == ""
