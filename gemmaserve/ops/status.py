@@ -69,7 +69,8 @@ def replica_status(
 
 def unit_phase(chunk: str) -> str:
     """The probe's last part: the replica's status line, then the weights unit's "ActiveState|StatusText|"."""
-    lines = chunk.strip("\n").split("\n") + ["", ""]
+    body = chunk[1:] if chunk.startswith("\n") else chunk  # the separator's own newline
+    lines = body.split("\n") + ["", ""]
     weights_state, _, weights_text = lines[1].partition("|")
     return phase_of(lines[0].strip(), weights_state, weights_text.rstrip("|"))
 
