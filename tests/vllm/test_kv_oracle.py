@@ -37,7 +37,8 @@ pytestmark = pytest.mark.vllm
 ORACLE = Path(__file__).with_name("kv_oracle.py")
 REPO = Path(__file__).resolve().parents[2]
 PARALLEL = int(os.environ.get("GEMMASERVE_ORACLE_JOBS", "2"))
-MODELS = [m.aliases[0] for m in CATALOG.models]
+# test-1g is the tiny model's attention with more layers and a bigger embedding table: nothing new for KV.
+MODELS = [m.aliases[0] for m in CATALOG.models if m.aliases[0] != "test-1g"]
 STACKS = ("gpu8", "h100", "a100", "tpu-v6e4", "tpu-v6e1")
 
 
