@@ -23,7 +23,7 @@ test: venv system-packages lint
 	$(PY) -m pytest
 
 test-unit: venv
-	$(PY) -m pytest tests/unit tests/ops tests/infra tests/policy tests/roles/fixtures tests/weights
+	$(PY) -m pytest tests/unit tests/ops tests/infra tests/policy tests/roles/fixtures tests/roles/files -m "not vllm"
 
 lint: venv
 	$(VENV)/bin/ruff check .
