@@ -5,6 +5,7 @@ from pyinfra import host
 from gemmaserve.plan import plan
 from gemmaserve.sources import spec_from_host_data
 from roles import ROLE_SETTINGS
+from roles.access import access
 from roles.base import base
 from roles.caches import caches
 from roles.monitoring import monitoring
@@ -28,6 +29,8 @@ base()
 vllm(serving)
 secrets(serving)
 caches(serving)
+# The key map and certificate before the router: HAProxy's config check reads both.
+access(serving)
 # The router before the replicas: a replica restart drains it in HAProxy first.
 router(serving)
 replicas(serving)

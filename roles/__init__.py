@@ -5,9 +5,11 @@ from __future__ import annotations
 
 
 def _settings() -> tuple:
-    from roles import base, caches, monitoring, nvidia, replicas, rocm, router, secrets, tpu, vllm
+    from roles import access, base, caches, monitoring, nvidia, replicas, rocm, router, secrets, tpu, vllm
 
-    return tuple(m.Settings for m in (base, nvidia, rocm, tpu, vllm, secrets, caches, router, replicas, monitoring))
+    return tuple(
+        m.Settings for m in (base, nvidia, rocm, tpu, vllm, secrets, caches, access, router, replicas, monitoring)
+    )
 
 
 def __getattr__(name: str):
