@@ -83,6 +83,37 @@ class EndpointError(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI base URL (https://HOST:PORT/v1) and the credentials to call it with."""
+
+    base_url: str
+    credentials: Credentials
+
+    @property
+    def root(self) -> str:
+        return root_of(self.base_url)
+
+    def url(self, path: str) -> str:
+        """A path on the balancer: "/v1/models", "/health", "/metrics"."""
+        return self.root + path
+
+    def openai(self, **options: Any):
+        return self.credentials.openai(self.base_url, **options)
+
+    def request(
+        self,
+        path: str,
+        payload: dict | None = None,
+        timeout: float = 120,
+        key: str | None = "",
+        method: str | None = None,
+    ) -> tuple[int, str]:
+        """(status, body); `key` overrides the API key ("" keeps it, None sends none)."""
+        credentials = self.credentials if key == "" else Credentials(key, self.credentials.ca_cert)
+        return request(self.url(path), payload, timeout, credentials, method)
+
+
 def request(
     url: str,
     payload: dict | None = None,

@@ -166,12 +166,13 @@ def base_url(host: state.Host) -> str:
     return f"https://{host.address}:{state.LB_PORT}/v1"
 
 
-def client_credentials(host: state.Host):
-    """The key and CA a client of this host uses (gemmaserve.ops.endpoint.Credentials); made where missing."""
-    from gemmaserve.ops.endpoint import Credentials
+def endpoint(host: state.Host):
+    """How a client calls this host's load balancer: its base URL with the sandbox's API key and CA
+    (gemmaserve.ops.endpoint.Endpoint); the key and CA are made where missing."""
+    from gemmaserve.ops.endpoint import Credentials, Endpoint
 
     made = ensure(host)
-    return Credentials(made.api_key, str(made.ca_cert))
+    return Endpoint(base_url(host), Credentials(made.api_key, str(made.ca_cert)))
 
 
 def remove() -> None:
