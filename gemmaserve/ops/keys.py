@@ -186,7 +186,7 @@ class SecretKeys:
         """Add the store as a new version and disable the versions it supersedes; returns the new version's name."""
         text = store_format().format_store(entries)
         version = self.client.add_secret_version(parent=self.secret, payload={"data": text.encode()})
-        for old in self.client.list_secret_versions(parent=self.secret, filter="state:ENABLED"):
+        for old in self.client.list_secret_versions(request={"parent": self.secret, "filter": "state:ENABLED"}):
             if old.name != version.name:
                 self.client.disable_secret_version(name=old.name)
         return version.name
@@ -205,4 +205,12 @@ def secret_list(secret: str, client=None) -> list[dict[str, str]]:
 
 
 def spec_errors() -> tuple[type[Exception], ...]:
-    return (KeysError, SpecError, fleet.InventoryError, FileNotFoundError, store_format().StoreError)
+    """What `gemmaserve keys` reports as a one-line error: bad input, and what Secret Manager refused."""
+    errors: tuple[type[Exception], ...] = (KeysError, SpecError, fleet.InventoryError, FileNotFoundError)
+    try:
+        from google.api_core.exceptions import GoogleAPIError
+
+        errors += (GoogleAPIError,)
+    except ImportError:
+        pass
+    return (*errors, store_format().StoreError)
