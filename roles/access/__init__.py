@@ -9,11 +9,11 @@ import posixpath
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import deploy
+from pyinfra.api import deploy, operation
 from pyinfra.operations import files, server, systemd
 
 from gemmaserve.plan import AccessPlan, Plan
-from roles._lib.facts import HostState
+from roles._lib.facts import HostState, PathState
 from roles._lib.managed import managed_directory, managed_file, managed_service
 from roles._lib.programs import LIB_DIR, installed_path, program_source
 from roles._lib.render import render
@@ -121,27 +121,27 @@ def access(serving: Plan) -> None:
     _remove_unused_units(plan, now, unit_paths)
 
 
+@operation()
+def key_store(dest: str, current: PathState, seed: str | None = None):
+    """The file source's store exists: seeded from `seed` (or empty) once, then owned by `gemmaserve keys`."""
+    if current.kind == "file":
+        host.noop(f"{dest} exists; keys are added and revoked with `gemmaserve keys`")
+        return
+    if seed:
+        yield from files.put._inner(src=seed, dest=dest, user="root", group="root", mode="0600")
+        return
+    # No key yet: every request but /health is refused until `gemmaserve keys add`.
+    yield f"python3 {API_KEYS} init --store {dest}"
+
+
 def _key_store(plan: AccessPlan, settings: Settings, now: HostState):
-    """The file source's store exists (seeded once, then owned by `gemmaserve keys`); None for Secret Manager."""
     if plan.key_secret:
         return None
-    current = now.path(plan.key_store)
-    if current.kind == "file":
-        host.noop(f"{plan.key_store} exists; keys are added and revoked with `gemmaserve keys`")
-        return None
-    if settings.api_keys_src:
-        return files.put(
-            name=f"Seed the API key store {plan.key_store}",
-            src=settings.api_keys_src,
-            dest=plan.key_store,
-            user="root",
-            group="root",
-            mode="0600",
-        )
-    # No key yet: every request but /health is refused until `gemmaserve keys add`.
-    return server.shell(
-        name=f"Create an empty API key store {plan.key_store} (add keys with `gemmaserve keys add`)",
-        commands=[f"python3 {API_KEYS} init --store {plan.key_store}"],
+    return key_store(
+        name=f"Create the API key store {plan.key_store} (keys are managed with `gemmaserve keys`)",
+        dest=plan.key_store,
+        current=now.path(plan.key_store),
+        seed=settings.api_keys_src,
     )
 
 
@@ -173,7 +173,6 @@ def _certificate(plan: AccessPlan, settings: Settings, now: HostState, unit_path
             mode="0400",
         )
         return put.did_change
-    host.noop(f"{plan.tls_cert} is on the host (serving.tls.file)")
     return lambda: False
 
 

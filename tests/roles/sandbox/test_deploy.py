@@ -73,6 +73,8 @@ def test_second_deploy_reports_no_changes(deployed):
         "noop: haproxy installed",
         "noop: /etc/haproxy/haproxy.cfg.gemmaserve is up to date",
         "noop: the gemmaserve user and group exist",
+        "noop: /etc/gemmaserve/api-keys exists; keys are added and revoked with `gemmaserve keys`",
+        "noop: /etc/gemmaserve/tls.pem is up to date",
     ],
 )
 def test_dry_run_of_a_converged_host_lists_each_noop_decision(deployed, decision):
