@@ -8,6 +8,7 @@ endpoints are on hosts we manage (sandbox veths or the fleet's private network).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import ssl
@@ -48,8 +49,10 @@ class Credentials:
         """The OpenAI SDK for `base_url`, with this key and this CA (and no proxy)."""
         from openai import DefaultHttpxClient, OpenAI
 
+        if not self.api_key:
+            raise ValueError(f"no API key to call {base_url} with (set {API_KEY_ENV})")
         http_client = DefaultHttpxClient(verify=self.ssl_context(), trust_env=False)
-        return OpenAI(base_url=base_url, api_key=self.api_key or "", http_client=http_client, **options)
+        return OpenAI(base_url=base_url, api_key=self.api_key, http_client=http_client, **options)
 
     def opener(self) -> urllib.request.OpenerDirector:
         return urllib.request.build_opener(
@@ -131,8 +134,9 @@ def request(
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as error:
-        raise EndpointError(f"{url}: {error}") from error
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
+        # HTTPException: an answer that is not HTTP at all (plain HTTP sent to a TLS port gets a TLS alert).
+        raise EndpointError(f"{url}: {error!r}") from error
 
 
 def get_json(
