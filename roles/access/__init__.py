@@ -8,6 +8,7 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 
+from pydantic import Field
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.operations import files, server, systemd
@@ -35,7 +36,7 @@ class Settings(RoleSettings):
     # on a host that has none yet; afterwards `gemmaserve keys` owns the store and deploys leave it alone.
     api_keys_src: str | None = None
     # Seconds between fetches of the key secret from Secret Manager: how soon an added or revoked key is live.
-    key_refresh: int = 10
+    key_refresh: int = Field(10, ge=1, le=3600)
 
 
 class MissingCertificate(Exception):
@@ -67,7 +68,7 @@ def tls_unit(access: AccessPlan) -> str:
 def access(serving: Plan) -> None:
     settings, plan = Settings.from_host(host), serving.access
     unit_paths = {unit: f"/etc/systemd/system/{unit}" for unit in (KEYS_UNIT, KEYS_TIMER, TLS_UNIT)}
-    paths = [LIB_DIR, API_KEYS, FETCHER, plan.key_store, plan.key_map, plan.tls_cert, *unit_paths.values()]
+    paths = [LIB_DIR, API_KEYS, FETCHER, plan.key_store, plan.tls_cert, *unit_paths.values()]
     now = HostState(host, paths=paths, units=[KEYS_TIMER])
     if plan.tls_secret is None and settings.tls_src is None and now.path(plan.tls_cert).kind == "absent":
         # Before any operation runs: a host without its certificate would serve nothing.
