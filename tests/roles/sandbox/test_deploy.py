@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gemmaserve.ops import fleet
-from gemmaserve.ops.endpoint import CITY_SCHEMA, WEATHER_TOOL, schema_problems
+from gemmaserve.ops.endpoint import CITY_SCHEMA, WEATHER_TOOL, check_endpoint, schema_problems
 from gemmaserve.plan import plan
 from gemmaserve.sandbox.profile import OVERRIDE_ENV, sandbox_host_data
 from gemmaserve.sources import load_stack_spec, spec_from_host_data
@@ -166,6 +166,12 @@ def test_streaming_passes_through_haproxy(client, sandbox_plan):
     )
     chunks = [c for c in stream if c.choices and c.choices[0].delta.content]
     assert len(chunks) >= 2
+
+
+def test_the_demos_endpoint_check_passes(endpoint):
+    """What `make demo` runs last: models, chat, json_schema, tools with the key; no key and /metrics refused."""
+    report = check_endpoint(endpoint.base_url, endpoint.credentials)
+    assert report.refused == {"no key": 401, "/metrics": 404} and report.models
 
 
 def replica_metrics(sandbox_host) -> str:
