@@ -120,7 +120,10 @@ def test_rotation_under_load_fails_no_request_and_restarts_nothing(deployed, san
     host, serving, inventory, _ = deployed
     endpoint = sandbox_endpoint(host)
     before = started(sandbox_host)
-    with Load(endpoint, serving.model.hf_id, limit=400, seconds=240, threads=2) as load:
+    # One request at a time on the sandbox key: under its limit of two in flight, so the load's only way to
+    # fail is the rotation (at exactly the limit, a request sent as the previous one ends can be counted
+    # while that one is still closing in HAProxy).
+    with Load(endpoint, serving.model.hf_id, limit=400, seconds=240, threads=1) as load:
         wait_until(lambda: load.ok >= 3, 60, "the load to start")
         rotated = add_key(inventory, "rotated")
         assert chat(endpoint, key=rotated)[0] == 200
