@@ -81,7 +81,8 @@ def _print_table(records) -> None:
     console.print(table)
     if any(r.ca_cert for r in records):
         # The key is not printed in the table (shoulder surfing, terminal logs); scripts read it from --json.
-        console.print(f"CA: {records[0].ca_cert}   API key: `gemmaserve sandbox status --json` (api_key)")
+        ca = next(r.ca_cert for r in records if r.ca_cert)
+        console.print(f"CA: {ca}   API key: `gemmaserve sandbox status --json` (api_key)")
 
 
 @sandbox_app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
