@@ -5,6 +5,7 @@ from pyinfra import host
 from gemmaserve.plan import plan
 from gemmaserve.sources import spec_from_host_data
 from roles import ROLE_SETTINGS
+from roles.access import access
 from roles.base import base
 from roles.caches import caches
 from roles.monitoring import monitoring
@@ -31,6 +32,8 @@ secrets(serving)
 # Weights local (and the mirror checked) before anything restarts: a bad bucket or revision stops here.
 weights(serving)
 caches(serving)
+# The key map and certificate before the router: HAProxy's config check reads both.
+access(serving)
 # The router before the replicas: a replica restart drains it in HAProxy first.
 router(serving)
 replicas(serving)

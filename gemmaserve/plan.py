@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, replace
 
 from gemmaserve.catalog import Accelerator, GiB, ModelInfo
@@ -58,6 +59,23 @@ TPU_RUNTIME_GIB = 5.0267
 
 # Where gemmaserve-hf-token.service writes the token fetched from Secret Manager (tmpfs, 0400).
 TOKEN_RUNTIME_PATH = "/run/gemmaserve-secrets/hf-token"
+# Where the access role's units write the key store and certificate fetched from Secret Manager.
+API_KEYS_RUNTIME_PATH = "/run/gemmaserve-secrets/api-keys"
+TLS_RUNTIME_PATH = "/run/gemmaserve-secrets/tls.pem"
+# HAProxy's map of accepted keys: the SHA-256 digest of a key -> the key's id. No key is ever written down
+# on a host: HAProxy hashes the presented bearer token and looks the digest up.
+API_KEYS_MAP = "/etc/gemmaserve/api-keys.map"
+HEALTH_PATH = "/health"
+# The only routes of the OpenAI server the balancer passes on (exact paths, one method each); /health is
+# open for load-balancer health checks. Everything else the pinned vLLM serves (/metrics, tokenizer,
+# sleep/cache/weight admin, LoRA loading, /v1/messages, render, docs) answers 404 at the balancer;
+# tests/roles/sandbox/test_access.py lists the installed vLLM's route table and checks every entry.
+CLIENT_ROUTES = (
+    ("GET", "/v1/models"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
+)
 
 # Wheel engines live in one venv per package and version; the sandbox binds a prebuilt one here.
 VENV_ROOT = "/opt/gemmaserve/venvs"
@@ -193,6 +211,43 @@ class ReplicaPlan:
         return f"{self.url}/health"
 
 
+@dataclass(frozen=True)
+class AccessPlan:
+    """Who may call the router port: the key store HAProxy's key map is built from, the certificate it
+    serves, the per-key limits, and the routes it passes on."""
+
+    key_store: str
+    key_secret: str | None
+    key_map: str
+    tls_cert: str
+    tls_secret: str | None
+    max_concurrent_requests: int
+    requests_per_minute: int
+    routes: tuple[tuple[str, str], ...] = CLIENT_ROUTES
+    health_path: str = HEALTH_PATH
+
+    @property
+    def rate_retry_after(self) -> int:
+        """Seconds until a key past its per-minute budget gets one request again (sliding window)."""
+        return max(1, math.ceil(60 / self.requests_per_minute))
+
+    def paths(self, method: str) -> list[str]:
+        return [path for m, path in self.routes if m == method]
+
+
+def access_plan(spec: Spec) -> AccessPlan:
+    keys, tls = spec.serving.api_keys, spec.serving.tls
+    return AccessPlan(
+        key_store=keys.file or API_KEYS_RUNTIME_PATH,
+        key_secret=keys.secret_manager,
+        key_map=API_KEYS_MAP,
+        tls_cert=tls.file or TLS_RUNTIME_PATH,
+        tls_secret=tls.secret_manager,
+        max_concurrent_requests=keys.max_concurrent_requests,
+        requests_per_minute=keys.requests_per_minute,
+    )
+
+
 @dataclass
 class Plan:
     spec: Spec
@@ -211,6 +266,10 @@ class Plan:
     @property
     def router_port(self) -> int:
         return self.spec.serving.router_port
+
+    @property
+    def access(self) -> AccessPlan:
+        return access_plan(self.spec)
 
     @property
     def token_source_path(self) -> str | None:

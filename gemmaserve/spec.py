@@ -200,12 +200,86 @@ class Engine(Strict):
         return value
 
 
+class SecretSource(Strict):
+    """Where a secret comes from (the Hugging Face token; API keys; the TLS certificate): exactly one of
+    Secret Manager or a root-only file on the host."""
+
+    secret_manager: str | None = Field(None, description="Secret name or projects/P/secrets/NAME[/versions/V].")
+    file: str | None = Field(None, description="Absolute path of a root-only file on the host (hosts outside GCP).")
+
+    @field_validator("secret_manager")
+    @classmethod
+    def _secret_name(cls, value: str | None) -> str | None:
+        if value is not None and not _SECRET_NAME.match(value):
+            raise ValueError("allowed: NAME or projects/PROJECT/secrets/NAME[/versions/latest|N]")
+        return value
+
+    @field_validator("file")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError("must be an absolute path")
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretSource:
+        if (self.secret_manager is None) == (self.file is None):
+            raise ValueError("give exactly one of secret_manager or file")
+        return self
+
+
+# Outside Google Cloud both live in root-only files on the host (roles/access).
+DEFAULT_API_KEYS_FILE = "/etc/gemmaserve/api-keys"
+DEFAULT_TLS_FILE = "/etc/gemmaserve/tls.pem"
+
+
+class ApiKeys(SecretSource):
+    """The API keys HAProxy accepts (one secret whose versions hold the key digests, or a root-only file;
+    managed with `gemmaserve keys`), and the limits each key gets on each host."""
+
+    file: str | None = Field(None, description=f"Root-only key store on the host (default {DEFAULT_API_KEYS_FILE}).")
+    # A client past either limit gets 429 with Retry-After. Per host: N hosts admit N x these.
+    max_concurrent_requests: int = Field(16, ge=1, le=100_000, description="Requests in flight per key.")
+    requests_per_minute: int = Field(600, ge=1, le=1_000_000, description="Requests per key per sliding minute.")
+
+    @field_validator("secret_manager")
+    @classmethod
+    def _latest_version(cls, value: str | None) -> str | None:
+        # `gemmaserve keys` adds a version per change and hosts follow the latest: a pinned one would freeze them.
+        if value is not None and "/versions/" in value:
+            raise ValueError("name the secret, not a version; allowed: NAME or projects/PROJECT/secrets/NAME")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_file(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("secret_manager") is None and data.get("file") is None:
+            return {**data, "file": DEFAULT_API_KEYS_FILE}
+        return data
+
+
+class Tls(SecretSource):
+    """The certificate HAProxy serves on the router port: one PEM bundle (certificate chain and private key)."""
+
+    file: str | None = Field(None, description=f"Root-only PEM bundle on the host (default {DEFAULT_TLS_FILE}).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_file(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("secret_manager") is None and data.get("file") is None:
+            return {**data, "file": DEFAULT_TLS_FILE}
+        return data
+
+
 class Serving(Strict):
     base_port: int = Field(8000, ge=1024, le=65000)
     replicas: Literal["auto"] | int = Field("auto", description="'auto' or 1..16")
     tensor_parallel_size: Literal["auto"] | int = Field("auto", description="'auto' or 1, 2, 4, 8")
     bind_address: str = Field("127.0.0.1", description="IPv4 address replicas listen on (HAProxy fronts them).")
     router_port: int = Field(8080, ge=1, le=65535)
+    # Who may call the router port: API keys checked by HAProxy, over TLS only.
+    api_keys: ApiKeys = Field(default_factory=ApiKeys)
+    tls: Tls = Field(default_factory=Tls)
 
     @field_validator("replicas")
     @classmethod
@@ -231,33 +305,6 @@ class Serving(Strict):
         except ValueError:
             raise ValueError("must be an IPv4 address such as 127.0.0.1 or 0.0.0.0 (vLLM binds IPv4 only)") from None
         return value
-
-
-class SecretSource(Strict):
-    """Where the Hugging Face token comes from: exactly one of Secret Manager or a file."""
-
-    secret_manager: str | None = Field(None, description="Secret name or projects/P/secrets/NAME[/versions/V].")
-    file: str | None = Field(None, description="Absolute path of a file holding the token (hosts outside GCP).")
-
-    @field_validator("secret_manager")
-    @classmethod
-    def _secret_name(cls, value: str | None) -> str | None:
-        if value is not None and not _SECRET_NAME.match(value):
-            raise ValueError("allowed: NAME or projects/PROJECT/secrets/NAME[/versions/latest|N]")
-        return value
-
-    @field_validator("file")
-    @classmethod
-    def _absolute(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError("must be an absolute path")
-        return value
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> SecretSource:
-        if (self.secret_manager is None) == (self.file is None):
-            raise ValueError("give exactly one of secret_manager or file")
-        return self
 
 
 class Weights(Strict):

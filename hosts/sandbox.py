@@ -1,5 +1,6 @@
 """pyinfra inventory of the local sandbox hosts, read from `gemmaserve sandbox`'s state."""
 
+from gemmaserve.sandbox.credentials import ensure as _credentials
 from gemmaserve.sandbox.profile import sandbox_host_data
 from gemmaserve.sandbox.state import SSH_KEY, SSH_PORT, SSH_USER, load_state
 
@@ -17,6 +18,9 @@ sandbox = [
             "ssh_strict_host_key_checking": "off",
             "gemmaserve_sandbox": True,
             "gemmaserve_sandbox_index": _host.index,
+            # Its certificate (signed by the sandbox's CA) and the digest of the sandbox's API key.
+            "access_tls_src": str(_credentials(_host).tls_bundle),
+            "access_api_keys_src": str(_credentials(_host).key_store),
             **sandbox_host_data(),
         },
     )

@@ -1,6 +1,8 @@
-"""The Pulumi program: validated stack config -> network, identity, secret, image, TPU slice or GPU VMs -> hosts."""
+"""The Pulumi program: validated stack config -> network, identity, secrets, image, TPU slice or GPU VMs -> hosts,
+who may call them (API key secret, TLS) and, with several hosts, an HTTPS load balancer."""
 
 import pulumi
+from access import EndpointAccess, EndpointAccessArgs
 from config import read_hf_token, read_settings
 from gpu_vm import GpuVm, GpuVmArgs
 from identity import Identity, IdentityArgs
@@ -152,6 +154,20 @@ else:
             )
         )
 
+access = EndpointAccess(
+    f"{name}-access",
+    EndpointAccessArgs(
+        project=settings.project,
+        stack=settings.stack,
+        key_secret=spec.serving.api_keys.secret_manager,
+        tls_secret=spec.serving.tls.secret_manager,
+        accessor_member=identity.member,
+        host_addresses=[host.apply(lambda record: record["internal_ip"]) for host in hosts],
+        replication=cloud.secret_replication,
+        labels=labels,
+    ),
+)
+
 if lb_region:
     by_zone: dict[str, list] = {}
     for index, vm in enumerate(vms):
@@ -164,16 +180,21 @@ if lb_region:
             subnetwork=network.subnets[settings.region].id,
             instances_by_zone=by_zone,
             port=port,
+            ca_cert_pem=access.ca_cert_pem,
+            ca_private_key_pem=access.ca_key.private_key_pem,
             depends_on=[network.proxy_subnet],
             labels=labels,
         ),
     )
-    endpoint = pulumi.Output.concat("http://", balancer.address, f":{port}/v1")
+    endpoint = pulumi.Output.concat("https://", balancer.address, f":{port}/v1")
 else:
-    endpoint = hosts[0].apply(lambda host: f"http://{host['internal_ip']}:{port}/v1")
+    endpoint = hosts[0].apply(lambda host: f"https://{host['internal_ip']}:{port}/v1")
 
 pulumi.export("hosts", pulumi.Output.all(*hosts))
 pulumi.export("endpoint", endpoint)
+# The CA clients trust for the endpoint (public); keys come from `gemmaserve keys add --stack`.
+pulumi.export("ca_cert", access.ca_cert_pem)
+pulumi.export("api_key_secret", access.key_secret_name)
 pulumi.export("plan", serving_plan.to_json())
 pulumi.export("artifact_repository", image.repository_url)
 if weights_bucket is not None:

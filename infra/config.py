@@ -346,6 +346,13 @@ def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
         problems.append(
             f"accelerator.kind = {acc.name!r}: the Pulumi program provisions GPUs and TPUs; cpu hosts are the sandbox's"
         )
+    # Hosts the stack provisions read their API keys and certificate from the stack's Secret Manager secrets.
+    for field_name, source in (("api_keys", spec.serving.api_keys), ("tls", spec.serving.tls)):
+        if source.secret_manager is None:
+            problems.append(
+                f"serving.{field_name}.file = {source.file!r}: hosts this stack provisions read it from Secret Manager; "
+                f"allowed: serving.{field_name}.secret_manager (a secret name such as STACK-{field_name.replace('_', '-')})"
+            )
     if region and any(r != region for r in cloud.regions) and not acc.is_tpu:
         problems.append(f"cloud.zones = {list(cloud.zones)!r}: GPU hosts must be in gcp:region {region}")
     return problems

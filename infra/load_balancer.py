@@ -1,4 +1,5 @@
-"""ServingLoadBalancer: a regional internal Application Load Balancer over every host's HAProxy."""
+"""ServingLoadBalancer: a regional internal Application Load Balancer over every host's HAProxy, serving
+HTTPS on a reserved address with a certificate the stack's CA signs, and speaking HTTPS to the hosts."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
+from access import server_certificate
 
 HEALTH_PATH = "/health"
 
@@ -18,13 +20,17 @@ class ServingLoadBalancerArgs:
     # Instance self-links by zone: one unmanaged instance group per zone.
     instances_by_zone: dict[str, list[pulumi.Input[str]]]
     port: int
+    # The stack's CA (infra/access.py), which signs the certificate the balancer serves.
+    ca_cert_pem: pulumi.Input[str]
+    ca_private_key_pem: pulumi.Input[str]
     # The proxy-only subnet must exist before the forwarding rule.
     depends_on: list[pulumi.Resource] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
 
 
 class ServingLoadBalancer(pulumi.ComponentResource):
-    """Instance groups, /health check, LEAST_REQUEST backend service, URL map, proxy and private forwarding rule."""
+    """Instance groups, HTTPS /health check, LEAST_REQUEST HTTPS backend service, URL map, reserved address,
+    certificate, HTTPS proxy and private forwarding rule."""
 
     def __init__(self, name: str, args: ServingLoadBalancerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemmaserve:gcp:ServingLoadBalancer", name, None, opts)
@@ -35,7 +41,7 @@ class ServingLoadBalancer(pulumi.ComponentResource):
                 zone=zone,
                 instances=instances,
                 network=args.network,
-                named_ports=[gcp.compute.InstanceGroupNamedPortArgs(name="http", port=args.port)],
+                named_ports=[gcp.compute.InstanceGroupNamedPortArgs(name="https", port=args.port)],
                 opts=child,
             )
             for zone, instances in args.instances_by_zone.items()
@@ -47,7 +53,8 @@ class ServingLoadBalancer(pulumi.ComponentResource):
             timeout_sec=5,
             healthy_threshold=1,
             unhealthy_threshold=3,
-            http_health_check=gcp.compute.RegionHealthCheckHttpHealthCheckArgs(
+            # HAProxy serves TLS only; /health needs no API key.
+            https_health_check=gcp.compute.RegionHealthCheckHttpsHealthCheckArgs(
                 port=args.port, request_path=HEALTH_PATH
             ),
             opts=child,
@@ -55,8 +62,9 @@ class ServingLoadBalancer(pulumi.ComponentResource):
         self.backend = gcp.compute.RegionBackendService(
             f"{name}-backend",
             region=args.region,
-            protocol="HTTP",
-            port_name="http",
+            # To each host's HAProxy over TLS (its certificate is signed by the same CA).
+            protocol="HTTPS",
+            port_name="https",
             load_balancing_scheme="INTERNAL_MANAGED",
             # Generation lengths vary by orders of magnitude: send each request to the least busy host.
             locality_lb_policy="LEAST_REQUEST",
@@ -74,12 +82,34 @@ class ServingLoadBalancer(pulumi.ComponentResource):
         url_map = gcp.compute.RegionUrlMap(
             f"{name}-urls", region=args.region, default_service=self.backend.id, opts=child
         )
-        proxy = gcp.compute.RegionTargetHttpProxy(f"{name}-proxy", region=args.region, url_map=url_map.id, opts=child)
+        # Reserved first: the certificate names the address before the forwarding rule takes it.
+        address = gcp.compute.Address(
+            f"{name}-address",
+            region=args.region,
+            subnetwork=args.subnetwork,
+            address_type="INTERNAL",
+            labels=args.labels,
+            opts=child,
+        )
+        key, cert = server_certificate(
+            f"{name}-tls", [address.address], args.ca_cert_pem, args.ca_private_key_pem, child
+        )
+        certificate = gcp.compute.RegionSslCertificate(
+            f"{name}-certificate",
+            region=args.region,
+            certificate=pulumi.Output.concat(cert.cert_pem, args.ca_cert_pem),
+            private_key=key.private_key_pem,
+            opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["private_key"]),
+        )
+        proxy = gcp.compute.RegionTargetHttpsProxy(
+            f"{name}-proxy", region=args.region, url_map=url_map.id, ssl_certificates=[certificate.id], opts=child
+        )
         self.forwarding_rule = gcp.compute.ForwardingRule(
             f"{name}-rule",
             region=args.region,
             load_balancing_scheme="INTERNAL_MANAGED",
             ip_protocol="TCP",
+            ip_address=address.address,
             port_range=str(args.port),
             target=proxy.id,
             network=args.network,
@@ -87,5 +117,5 @@ class ServingLoadBalancer(pulumi.ComponentResource):
             labels=args.labels,
             opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
         )
-        self.address = self.forwarding_rule.ip_address
+        self.address = address.address
         self.register_outputs({"address": self.address})

@@ -128,8 +128,23 @@ def check_labels(
     return [f"missing labels: {', '.join(missing)}"] if missing else []
 
 
+# Proxies that would serve the API in clear text; gemmaserve's load balancer is HTTPS only.
+PLAINTEXT_PROXIES = (
+    "gcp:compute/targetHttpProxy:TargetHttpProxy",
+    "gcp:compute/regionTargetHttpProxy:RegionTargetHttpProxy",
+)
+PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")
+
+
+def check_plaintext_proxy(resource_type: str, props: Mapping[str, Any]) -> list[str]:
+    """The endpoint is served over TLS only: no HTTP target proxy (API keys would cross the network in clear)."""
+    if resource_type in PLAINTEXT_PROXIES:
+        return ["an HTTP target proxy serves the endpoint in clear text; use an HTTPS proxy with a certificate"]
+    return []
+
+
 def check_plaintext_secrets(outputs: Mapping[str, Any], path: str = "") -> list[str]:
-    """Stack outputs carry no token: neither an hf_... value nor a secret-named key with a plain string."""
+    """Stack outputs carry no secret: no hf_... value, no PEM private key, no secret-named key with a plain string."""
     problems = []
     items = outputs.items() if isinstance(outputs, Mapping) else enumerate(outputs)
     for key, value in items:
@@ -139,6 +154,8 @@ def check_plaintext_secrets(outputs: Mapping[str, Any], path: str = "") -> list[
         elif isinstance(value, str):
             if HF_TOKEN.search(value):
                 problems.append(f"output {where} contains a Hugging Face token")
+            elif PRIVATE_KEY.search(value):
+                problems.append(f"output {where} contains a private key")
             elif SECRET_KEYS.search(str(key)) and value:
                 problems.append(f"output {where} looks like a plaintext secret")
     return problems
@@ -171,6 +188,10 @@ def validate_flex_start_duration(args: ResourceValidationArgs, report: ReportVio
 
 def validate_queued_resource_protected(args: ResourceValidationArgs, report: ReportViolation) -> None:
     _report(check_queued_resource_protected(args.resource_type, args.props, bool(args.opts.protect)), report)
+
+
+def validate_plaintext_proxy(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    _report(check_plaintext_proxy(args.resource_type, args.props), report)
 
 
 def validate_labels(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -237,9 +258,14 @@ POLICIES = [
             }
         ),
     ),
+    _mandatory(
+        "no-plaintext-endpoint",
+        "The endpoint is served over HTTPS only (no HTTP target proxy).",
+        validate_plaintext_proxy,
+    ),
     StackValidationPolicy(
         name="no-plaintext-secret-outputs",
-        description="Stack outputs never carry a token.",
+        description="Stack outputs never carry a token or a private key.",
         validate=validate_stack_outputs,
         enforcement_level=EnforcementLevel.MANDATORY,
     ),

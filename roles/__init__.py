@@ -5,10 +5,11 @@ from __future__ import annotations
 
 
 def _settings() -> tuple:
-    from roles import base, caches, monitoring, nvidia, replicas, rocm, router, secrets, tpu, vllm, weights
+    from roles import access, base, caches, monitoring, nvidia, replicas, rocm, router, secrets, tpu, vllm, weights
 
     return tuple(
-        m.Settings for m in (base, nvidia, rocm, tpu, vllm, secrets, weights, caches, router, replicas, monitoring)
+        m.Settings
+        for m in (base, nvidia, rocm, tpu, vllm, secrets, weights, caches, access, router, replicas, monitoring)
     )
 
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import signal
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,6 +189,15 @@ def deploy(host_name: str, data: dict | None = None, tmp_path: Path | None = Non
     )
 
 
+def sandbox_endpoint(host: state.Host):
+    """The one way tests call a sandbox host's load balancer, as a client would: over TLS verified against
+    the sandbox's CA, with the sandbox's API key (gemmaserve.ops.endpoint.Endpoint: .base_url, .openai(),
+    .request(path, payload), .url(path), .credentials)."""
+    from gemmaserve.sandbox import credentials
+
+    return credentials.endpoint(host)
+
+
 def wait_until(predicate, timeout: float, what: str) -> None:
     """Poll `predicate` every second until it holds; fail naming `what` after `timeout` seconds."""
     import time
@@ -194,3 +208,62 @@ def wait_until(predicate, timeout: float, what: str) -> None:
             return
         time.sleep(1)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@dataclass
+class Load:
+    """A bounded client loop against a sandbox host's balancer: `threads` workers, at most `limit` chat
+    requests or `seconds`, whichever first; every non-200 answer or error is recorded in `failures`.
+    `key` overrides the endpoint's API key ("" keeps it)."""
+
+    endpoint: Any
+    model: str
+    limit: int = 400
+    seconds: float = 600
+    threads: int = 3
+    key: str | None = ""
+    ok: int = 0
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _sent: int = 0
+
+    def _one(self) -> None:
+        payload = {
+            "model": self.model,
+            "max_tokens": 4,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "ping"}],
+        }
+        try:
+            status, body = self.endpoint.request("/v1/chat/completions", payload, 120, key=self.key)
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}: {body[:200]}")
+            json.loads(body)
+            with self._lock:
+                self.ok += 1
+        except Exception as error:  # every failure is recorded and asserted on
+            with self._lock:
+                self.failures.append(repr(error))
+
+    def _worker(self, deadline: float) -> None:
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            with self._lock:
+                if self._sent >= self.limit:
+                    return
+                self._sent += 1
+            self._one()
+
+    def __enter__(self) -> Load:
+        deadline = time.monotonic() + self.seconds
+        self._workers = [
+            threading.Thread(target=self._worker, args=(deadline,), daemon=True) for _ in range(self.threads)
+        ]
+        for worker in self._workers:
+            worker.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for worker in self._workers:
+            worker.join(timeout=150)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gemmaserve.ops import fleet
+from gemmaserve.ops.endpoint import API_KEY_ENV, CA_CERT_ENV
 from gemmaserve.ops.status import metric_sums
 from gemmaserve.plan import HF_HOME, Plan
 
@@ -51,8 +52,20 @@ class Point:
     accepted_length: float | None = None
 
 
-def bench_command(serving: Plan, profile: str, input_len: int, output_len: int, concurrency: int, prompts: int) -> str:
-    """The `vllm bench serve` line for one point, run on the host against its own HAProxy."""
+def bench_command(
+    serving: Plan,
+    profile: str,
+    input_len: int,
+    output_len: int,
+    concurrency: int,
+    prompts: int,
+    base_url: str,
+    ca_cert: str | None = None,
+) -> str:
+    """The `vllm bench serve` line for one point, run on the host against its own HAProxy at `base_url`
+    (https://ADDRESS:PORT, the name its certificate carries). The API key arrives on standard input and
+    reaches vLLM's benchmark as OPENAI_API_KEY (never on a command line); `ca_cert` (a file on the host)
+    is what its TLS client trusts (SSL_CERT_FILE)."""
     model = serving.model
     tokenizer = model.local_dir or model.hf_id
     if serving.engine.kind == "wheel":
@@ -60,9 +73,12 @@ def bench_command(serving: Plan, profile: str, input_len: int, output_len: int, 
     else:
         vllm = (
             f"docker run --rm --network=host -v {HF_HOME}:{HF_HOME} -v {RESULT_DIR}:{RESULT_DIR} "
-            f"-e HF_HOME={HF_HOME} --entrypoint vllm {serving.engine.image}"
+            f"-e HF_HOME={HF_HOME} -e OPENAI_API_KEY{' -e SSL_CERT_FILE' if ca_cert else ''} "
+            f"--entrypoint vllm {serving.engine.image}"
         )
     env = f"HF_HOME={HF_HOME} " + ("HF_HUB_OFFLINE=1 " if model.is_test_model else "")
+    if ca_cert:
+        env += f"SSL_CERT_FILE={ca_cert} "
     args = [
         "bench",
         "serve",
@@ -71,7 +87,7 @@ def bench_command(serving: Plan, profile: str, input_len: int, output_len: int, 
         "--endpoint",
         "/v1/chat/completions",
         "--base-url",
-        f"http://127.0.0.1:{serving.router_port}",
+        base_url,
         "--model",
         model.hf_id,
         "--tokenizer",
@@ -100,12 +116,18 @@ def bench_command(serving: Plan, profile: str, input_len: int, output_len: int, 
         "--result-filename",
         f"{profile}-c{concurrency}.json",
     ]
-    return f"mkdir -p {RESULT_DIR} && {env}{vllm} {shlex.join(args)} >/dev/null 2>{RESULT_DIR}/{profile}-c{concurrency}.log"
+    return (
+        f"IFS= read -r OPENAI_API_KEY && export OPENAI_API_KEY && mkdir -p {RESULT_DIR} && "
+        f"{env}{vllm} {shlex.join(args)} >/dev/null 2>{RESULT_DIR}/{profile}-c{concurrency}.log"
+    )
 
 
 def _spec_counters(target, serving: Plan) -> dict[str, float]:
-    body = target.run(f"curl -s -m 10 http://127.0.0.1:{serving.router_port}/metrics").stdout
-    sums = metric_sums(body)
+    """Speculative-decoding counters summed over the replicas, read on loopback (the balancer hides /metrics)."""
+    sums: dict[str, float] = {}
+    for replica in serving.replicas:
+        for name, value in metric_sums(target.run(f"curl -s -m 10 {replica.url}/metrics").stdout).items():
+            sums[name] = sums.get(name, 0.0) + value
     return {m: sums.get(m, 0.0) for m in SPEC_METRICS}
 
 
@@ -115,6 +137,15 @@ def run(
     points: list[Point] = []
     for host in fleet.load(inventory):
         name, serving, target = host.name, host.plan, host.connect()
+        endpoint = host.endpoint()
+        if endpoint.credentials.api_key is None:
+            raise RuntimeError(f"{name}: set {API_KEY_ENV} to a key of this endpoint (and {CA_CERT_ENV} to its CA)")
+        ca_on_host = None
+        if endpoint.credentials.ca_cert:
+            # The CA certificate is public; the benchmark on the host trusts it to verify HAProxy's certificate.
+            ca_on_host = f"{RESULT_DIR}/ca.pem"
+            pem = Path(endpoint.credentials.ca_cert).read_text()
+            target.run(f"mkdir -p {RESULT_DIR} && cat > {ca_on_host} <<'EOF'\n{pem}\nEOF")
         mtp = serving.spec.workload.speculative.method != "none"
         for profile in profiles:
             base_in, base_out = PROFILES[profile]
@@ -123,8 +154,11 @@ def run(
                 prompts = max(level * prompts_per_level, level)
                 before = _spec_counters(target, serving) if mtp else {}
                 log(f"{name}: {profile} {input_len}/{output_len} tokens, concurrency {level}, {prompts} prompts")
-                result = target.run(bench_command(serving, profile, input_len, output_len, level, prompts))
-                if result.rc != 0:
+                command = bench_command(
+                    serving, profile, input_len, output_len, level, prompts, endpoint.root, ca_on_host
+                )
+                rc, _, _ = fleet.run_with_secret(target, command, endpoint.credentials.api_key)
+                if rc != 0:
                     tail = target.run(f"tail -20 {RESULT_DIR}/{profile}-c{level}.log").stdout
                     raise RuntimeError(f"{name}: vllm bench serve failed ({profile}, c={level}):\n{tail}")
                 raw = json.loads(target.run(f"cat {RESULT_DIR}/{profile}-c{level}.json").stdout)

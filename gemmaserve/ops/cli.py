@@ -1,4 +1,4 @@
-"""The `gemmaserve` command line: plan, sandbox, tiny-model."""
+"""The `gemmaserve` command line: plan, demo, status, verify, bench, keys, sandbox, tiny-model."""
 
 from __future__ import annotations
 
@@ -323,6 +323,106 @@ def bench(
         typer.echo(f"wrote {out / 'bench.json'}; no plot: install the plot extra (pip install 'gemmaserve[plot]')")
         return
     typer.echo(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+
+
+keys_app = typer.Typer(no_args_is_help=True, add_completion=False)
+app.add_typer(
+    keys_app, name="keys", help="API keys the endpoint accepts: in a stack's Secret Manager secret or on hosts."
+)
+
+
+def _keys_target(stack: str | None, inventory: str | None) -> None:
+    if (stack is None) == (inventory is None):
+        _fail("error: give exactly one of --stack NAME (Secret Manager) or --inventory FILE (hosts)", EXIT_BAD_INPUT)
+
+
+_STACK = typer.Option(None, "--stack", help="Keys in this stack's Secret Manager secret (serving.api_keys).")
+_INVENTORY = typer.Option(None, "--inventory", help="Keys in the key store file on every host of this inventory.")
+_PROJECT_DIR = typer.Option(Path("."), "--project-dir", help="Where the Pulumi.*.yaml files are.")
+
+
+@keys_app.command("add")
+def keys_add(
+    key_id: str = typer.Argument(..., help="A name for the key (who uses it): a-z, 0-9, '_', '.', '-'."),
+    stack: str | None = _STACK,
+    inventory: str | None = _INVENTORY,
+    project_dir: Path = _PROJECT_DIR,
+    key_stdin: bool = typer.Option(
+        False, "--key-stdin", help="Read the key from standard input instead of making one."
+    ),
+) -> None:
+    """Make a key (printed once, on stdout) and let the endpoint accept it: only its digest is stored."""
+    from gemmaserve.ops import keys
+    from gemmaserve.sandbox.credentials import key_digest
+
+    _keys_target(stack, inventory)
+    key, digest = keys.new_key()
+    if key_stdin:
+        key = sys.stdin.readline().strip()
+        if len(key) < 20 or any(c.isspace() for c in key):
+            _fail("error: --key-stdin: a key needs at least 20 characters and no whitespace", EXIT_BAD_INPUT)
+        digest = key_digest(key)
+    try:
+        if stack:
+            secret = keys.stack_secret(stack, project_dir)
+            version = keys.secret_change(secret, "add", key_id, digest)
+            typer.echo(f"key {key_id} added: {version}; hosts follow within their refresh interval", err=True)
+        else:
+            hosts = keys.inventory_change(inventory, "add", key_id, digest)
+            typer.echo(f"key {key_id} added and live on {', '.join(hosts)}", err=True)
+    except keys.spec_errors() as error:
+        _fail(f"error: {error}", EXIT_BAD_INPUT)
+    if not key_stdin:
+        typer.echo(key)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: str = typer.Argument(..., help="The key's name."),
+    stack: str | None = _STACK,
+    inventory: str | None = _INVENTORY,
+    project_dir: Path = _PROJECT_DIR,
+) -> None:
+    """Stop accepting a key: from the next request on each host (inventory) or within seconds (stack)."""
+    from gemmaserve.ops import keys
+
+    _keys_target(stack, inventory)
+    try:
+        if stack:
+            version = keys.secret_change(keys.stack_secret(stack, project_dir), "revoke", key_id)
+            typer.echo(f"key {key_id} revoked: {version}; hosts follow within their refresh interval", err=True)
+        else:
+            hosts = keys.inventory_change(inventory, "revoke", key_id)
+            typer.echo(f"key {key_id} revoked on {', '.join(hosts)}", err=True)
+    except keys.spec_errors() as error:
+        _fail(f"error: {error}", EXIT_BAD_INPUT)
+
+
+@keys_app.command("list")
+def keys_list(
+    stack: str | None = _STACK,
+    inventory: str | None = _INVENTORY,
+    project_dir: Path = _PROJECT_DIR,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """The ids of the keys the endpoint accepts, and when each was added (never a key)."""
+    from gemmaserve.ops import keys
+
+    _keys_target(stack, inventory)
+    try:
+        if stack:
+            listing = {keys.stack_secret(stack, project_dir): keys.secret_list(keys.stack_secret(stack, project_dir))}
+        else:
+            listing = keys.inventory_list(inventory)
+    except keys.spec_errors() as error:
+        _fail(f"error: {error}", EXIT_BAD_INPUT)
+    if as_json:
+        typer.echo(json.dumps(listing, indent=2))
+        return
+    for where, entries in listing.items():
+        typer.echo(f"{where}:")
+        for entry in entries or [{"id": "(no keys: every request is refused)", "created": ""}]:
+            typer.echo(f"  {entry['id']:<24} {entry['created']}")
 
 
 @app.command("tiny-model")

@@ -1,18 +1,64 @@
-"""Checks against a served OpenAI-compatible endpoint: models, chat, structured output, tools, metrics.
+"""Talking to a served endpoint as a client does (an API key, TLS verified against a CA the caller names),
+and the checks run against it: models, chat, structured output, tools.
 
-Plain urllib with proxies disabled: endpoints are on hosts we manage (sandbox veths or the fleet's
-private network), never reached through a corporate proxy.
+Every client in gemmaserve (the demo, status, verify, bench, the tests) gets its key and CA from here:
+`Credentials.from_env()` reads GEMMASERVE_API_KEY and GEMMASERVE_CA_CERT. Proxies are never used:
+endpoints are on hosts we manage (sandbox veths or the fleet's private network).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
+import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+API_KEY_ENV = "GEMMASERVE_API_KEY"
+CA_CERT_ENV = "GEMMASERVE_CA_CERT"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """An API key and the CA bundle that verifies the endpoint's certificate (None: the system's store).
+
+    Certificates are always verified; there is no switch to turn that off.
+    """
+
+    api_key: str | None = None
+    ca_cert: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Credentials:
+        return cls(environ.get(API_KEY_ENV) or None, environ.get(CA_CERT_ENV) or None)
+
+    def __repr__(self) -> str:  # never print a key
+        return f"Credentials(api_key={'<set>' if self.api_key else None}, ca_cert={self.ca_cert!r})"
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.ca_cert) if self.ca_cert else ssl.create_default_context()
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def openai(self, base_url: str, **options: Any):
+        """The OpenAI SDK for `base_url`, with this key and this CA (and no proxy)."""
+        from openai import DefaultHttpxClient, OpenAI
+
+        if not self.api_key:
+            raise ValueError(f"no API key to call {base_url} with (set {API_KEY_ENV})")
+        http_client = DefaultHttpxClient(verify=self.ssl_context(), trust_env=False)
+        return OpenAI(base_url=base_url, api_key=self.api_key, http_client=http_client, **options)
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        return urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.ssl_context())
+        )
+
 
 # The structured-output check: every string is pattern- or enum-bound because a random test model
 # would otherwise emit raw control characters that strict JSON rejects (xgrammar allows them).
@@ -40,20 +86,63 @@ class EndpointError(Exception):
     pass
 
 
-def request(url: str, payload: dict | None = None, timeout: float = 120) -> tuple[int, str]:
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI base URL (https://HOST:PORT/v1) and the credentials to call it with."""
+
+    base_url: str
+    credentials: Credentials
+
+    @property
+    def root(self) -> str:
+        return root_of(self.base_url)
+
+    def url(self, path: str) -> str:
+        """A path on the balancer: "/v1/models", "/health", "/metrics"."""
+        return self.root + path
+
+    def openai(self, **options: Any):
+        return self.credentials.openai(self.base_url, **options)
+
+    def request(
+        self,
+        path: str,
+        payload: dict | None = None,
+        timeout: float = 120,
+        key: str | None = "",
+        method: str | None = None,
+    ) -> tuple[int, str]:
+        """(status, body); `key` overrides the API key ("" keeps it, None sends none)."""
+        credentials = self.credentials if key == "" else Credentials(key, self.credentials.ca_cert)
+        return request(self.url(path), payload, timeout, credentials, method)
+
+
+def request(
+    url: str,
+    payload: dict | None = None,
+    timeout: float = 120,
+    credentials: Credentials | None = None,
+    method: str | None = None,
+) -> tuple[int, str]:
+    """(status, body) of one request; HTTP errors are returned, connection and TLS failures raised."""
+    credentials = credentials or Credentials()
     data = json.dumps(payload).encode() if payload is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    headers = {**credentials.headers(), **({"Content-Type": "application/json"} if data else {})}
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
-        with _OPENER.open(req, timeout=timeout) as response:
+        with credentials.opener().open(req, timeout=timeout) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as error:
-        raise EndpointError(f"{url}: {error}") from error
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
+        # HTTPException: an answer that is not HTTP at all (plain HTTP sent to a TLS port gets a TLS alert).
+        raise EndpointError(f"{url}: {error!r}") from error
 
 
-def get_json(url: str, payload: dict | None = None, timeout: float = 120) -> dict[str, Any]:
-    status, body = request(url, payload, timeout)
+def get_json(
+    url: str, payload: dict | None = None, timeout: float = 120, credentials: Credentials | None = None
+) -> dict[str, Any]:
+    status, body = request(url, payload, timeout, credentials)
     if status != 200:
         raise EndpointError(f"{url}: HTTP {status}: {body[:300]}")
     return json.loads(body)
@@ -77,12 +166,13 @@ class EndpointReport:
     chat_text: str
     structured: dict[str, Any]
     tools_finish_reason: str
-    metrics_found: list[str]
+    refused: dict[str, int]
 
 
-def check_endpoint(base_url: str, metrics: tuple[str, ...] = ("vllm:kv_cache_usage_perc",)) -> EndpointReport:
-    """Run the five user-visible checks; raise EndpointError naming the first that fails."""
-    models = [m["id"] for m in get_json(f"{base_url}/models")["data"]]
+def check_endpoint(base_url: str, credentials: Credentials) -> EndpointReport:
+    """The user-visible checks: models, chat, json_schema, tools with the key; no key and a non-API route
+    refused. Raise EndpointError naming the first that fails."""
+    models = [m["id"] for m in get_json(f"{base_url}/models", credentials=credentials)["data"]]
     if not models:
         raise EndpointError(f"{base_url}/models lists no model")
     model = models[0]
@@ -94,6 +184,7 @@ def check_endpoint(base_url: str, metrics: tuple[str, ...] = ("vllm:kv_cache_usa
             "max_tokens": 16,
             "temperature": 0,
         },
+        credentials=credentials,
     )
     text = chat["choices"][0]["message"].get("content") or ""
     structured_reply = get_json(
@@ -105,6 +196,7 @@ def check_endpoint(base_url: str, metrics: tuple[str, ...] = ("vllm:kv_cache_usa
             "messages": [{"role": "user", "content": "Weather in Paris as JSON: city, unit, temperature."}],
             "response_format": {"type": "json_schema", "json_schema": {"name": "city-weather", "schema": CITY_SCHEMA}},
         },
+        credentials=credentials,
     )
     raw = structured_reply["choices"][0]["message"].get("content") or ""
     try:
@@ -124,17 +216,19 @@ def check_endpoint(base_url: str, metrics: tuple[str, ...] = ("vllm:kv_cache_usa
             "tool_choice": "auto",
             "messages": [{"role": "user", "content": "What is the weather in Tokyo?"}],
         },
+        credentials=credentials,
     )
-    status, body = request(f"{root_of(base_url)}/metrics")
-    if status != 200:
-        raise EndpointError(f"/metrics: HTTP {status}")
-    missing = [m for m in metrics if m not in body]
-    if missing:
-        raise EndpointError(f"/metrics lacks {', '.join(missing)}")
+    # What must not work: no key, and a route that is not the API (vLLM's own /metrics).
+    refused = {
+        "no key": request(f"{base_url}/models", credentials=Credentials(None, credentials.ca_cert))[0],
+        "/metrics": request(f"{root_of(base_url)}/metrics", credentials=credentials)[0],
+    }
+    if refused != {"no key": 401, "/metrics": 404}:
+        raise EndpointError(f"expected 401 without a key and 404 for /metrics, got {refused}")
     return EndpointReport(
         models=models,
         chat_text=text,
         structured=structured,
         tools_finish_reason=tools_reply["choices"][0]["finish_reason"],
-        metrics_found=list(metrics),
+        refused=refused,
     )

@@ -37,13 +37,32 @@ class FleetHost:
         """The plan its host data produces; bad host data raises SpecError naming host, field and value."""
         return plan(spec_from_host_data(self.data, self.name)).require_ok()
 
+    @property
+    def address(self) -> str:
+        """The name or address the operator reaches this host by (ssh_hostname, else the inventory name)."""
+        return str(self.data.get("ssh_hostname") or self.name)
+
+    def endpoint(self, environ: Mapping[str, str] = os.environ):
+        """This host's load balancer as a client calls it: https://ADDRESS:ROUTER_PORT/v1 with the API key and CA
+        from GEMMASERVE_API_KEY / GEMMASERVE_CA_CERT; a sandbox host falls back to the sandbox's own."""
+        from gemmaserve.ops.endpoint import Credentials, Endpoint
+
+        credentials = Credentials.from_env(environ)
+        if credentials.api_key is None and self.data.get("gemmaserve_sandbox"):
+            from gemmaserve.sandbox import credentials as sandbox_credentials
+            from gemmaserve.sandbox.state import load_state
+
+            host = load_state().host(self.name)
+            if host is not None:
+                return sandbox_credentials.endpoint(host)
+        return Endpoint(f"https://{self.address}:{self.plan.router_port}/v1", credentials)
+
     def connect(self):
         """A testinfra host over ssh (paramiko), with the address, user, port and key pyinfra would use."""
         import testinfra
 
-        address = self.data.get("ssh_hostname") or self.name
         user = self.data.get("ssh_user")
-        target = f"{user}@{address}" if user else address
+        target = f"{user}@{self.address}" if user else self.address
         if self.data.get("ssh_port"):
             target += f":{self.data['ssh_port']}"
         options: dict[str, Any] = {"ssh_identity_file": self.data["ssh_key"]} if self.data.get("ssh_key") else {}
@@ -53,6 +72,21 @@ class FleetHost:
             config.write_text("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
             options["ssh_config"] = str(config)
         return testinfra.get_host(f"paramiko://{target}", **options)
+
+
+def run_with_secret(target, command: str, secret: str, timeout: float = 3600) -> tuple[int, str, str]:
+    """Run `command` on a testinfra host (paramiko) with `secret` on its standard input, so the secret
+    never appears in a command line, an environment the host's ssh daemon logs, or a file; the command
+    reads it (e.g. `IFS= read -r OPENAI_API_KEY`). Returns (exit status, stdout, stderr)."""
+    transport = target.backend.client.get_transport()
+    channel = transport.open_session(timeout=60)
+    channel.settimeout(timeout)
+    channel.exec_command(command)
+    channel.sendall((secret + "\n").encode())
+    channel.shutdown_write()
+    stdout = b"".join(channel.makefile("rb"))
+    stderr = b"".join(channel.makefile_stderr("rb"))
+    return channel.recv_exit_status(), stdout.decode(errors="replace"), stderr.decode(errors="replace")
 
 
 def load(inventory: str | Path = DEFAULT_INVENTORY) -> list[FleetHost]:

@@ -1,5 +1,6 @@
 """`gemmaserve status`: per host and replica, unit state, health, model, load and cache use, read over ssh
-from each replica's own /health, /v1/models and /metrics (replicas listen on loopback behind HAProxy)."""
+from each replica's own /health, /v1/models and /metrics (replicas listen on loopback behind HAProxy), and
+whether the host's load balancer answers a client with the operator's key (GEMMASERVE_API_KEY)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shlex
 from dataclasses import asdict, dataclass
 
 from gemmaserve.ops import fleet
+from gemmaserve.ops.endpoint import API_KEY_ENV, EndpointError
 from gemmaserve.plan import Plan
 
 SEPARATOR = "----gemmaserve-status----"
@@ -30,6 +32,8 @@ class ReplicaStatus:
     # What the unit says it is doing: "fetching weights: 412/1090 MiB ...", "loading model",
     # "compiling (12 new compile-cache files)", "ready (38 s after start)" (roles/replicas/files/replica_ready.py).
     phase: str = ""
+    # The host's load balancer as a client sees it, with the key from GEMMASERVE_API_KEY: "ok", "HTTP 401", ...
+    endpoint: str = "-"
 
 
 def metric_sums(text: str) -> dict[str, float]:
@@ -99,16 +103,32 @@ def probe_script(serving: Plan) -> str:
     return "; ".join(parts)
 
 
+def endpoint_check(host: fleet.FleetHost) -> str:
+    """GET /v1/models through the host's load balancer, as a client with the operator's key and CA."""
+    endpoint = host.endpoint()
+    if endpoint.credentials.api_key is None:
+        return f"no key ({API_KEY_ENV})"
+    try:
+        code, _ = endpoint.request("/v1/models", timeout=10)
+    except EndpointError as error:
+        reason = getattr(error.__cause__, "reason", None) or error.__cause__ or error
+        return f"unreachable: {reason}"[:80]
+    return "ok" if code == 200 else f"HTTP {code}"
+
+
 def collect(inventory: str) -> list[ReplicaStatus]:
     statuses = []
     for host in fleet.load(inventory):
         name, serving = host.name, host.plan
         output = host.connect().run(f"sh -c {shlex.quote(probe_script(serving))}").stdout
         chunks = output.split(SEPARATOR)
+        endpoint = endpoint_check(host)
         for replica in serving.replicas:
             raw = chunks[replica.index * 5 : replica.index * 5 + 5]
             state, code, models, metrics = (c.strip() for c in raw[:4])
-            statuses.append(replica_status(name, replica.index, state, code, models, metrics, unit_phase(raw[4])))
+            status = replica_status(name, replica.index, state, code, models, metrics, unit_phase(raw[4]))
+            status.endpoint = endpoint
+            statuses.append(status)
     return statuses
 
 
@@ -121,7 +141,7 @@ def print_table(statuses: list[ReplicaStatus]) -> None:
     from rich.table import Table
 
     table = Table(title="gemmaserve status")
-    for column in (
+    columns = (
         "host",
         "replica",
         "unit",
@@ -132,7 +152,9 @@ def print_table(statuses: list[ReplicaStatus]) -> None:
         "waiting",
         "KV cache",
         "prefix hits",
-    ):
+        "endpoint",
+    )
+    for column in columns:
         table.add_column(column)
 
     def number(value: float | None, percent: bool = False) -> str:
@@ -152,5 +174,6 @@ def print_table(statuses: list[ReplicaStatus]) -> None:
             number(s.waiting),
             number(s.kv_cache_usage, True),
             number(s.prefix_cache_hit_rate, True),
+            s.endpoint,
         )
     Console().print(table)

@@ -56,23 +56,24 @@ def _first_token_after(host: state.Host, restart: str, log: Log, timeout: float 
     import json
     import urllib.request
 
-    from gemmaserve.ops.endpoint import EndpointError, get_json, request
+    from gemmaserve.ops.endpoint import EndpointError, get_json
+    from gemmaserve.sandbox import credentials
 
-    base = f"http://{host.address}:8080/v1"
-    model = get_json(f"{base}/models")["data"][0]["id"]
+    endpoint = credentials.endpoint(host)
+    base = endpoint.base_url
+    model = get_json(f"{base}/models", credentials=endpoint.credentials)["data"][0]["id"]
     started = time.monotonic()
     machine.in_host(host, "/bin/sh", "-c", restart, timeout=120)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    opener = endpoint.credentials.opener()
     payload = json.dumps(
         {"model": model, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
     ).encode()
+    headers = {"Content-Type": "application/json", **endpoint.credentials.headers()}
     while time.monotonic() - started < timeout:
         try:
-            status, _ = request(f"http://{host.address}:8080/health", timeout=2)
+            status, _ = endpoint.request("/health", timeout=2)
             if status == 200:
-                req = urllib.request.Request(
-                    f"{base}/chat/completions", data=payload, headers={"Content-Type": "application/json"}
-                )
+                req = urllib.request.Request(f"{base}/chat/completions", data=payload, headers=headers)
                 with opener.open(req, timeout=60) as response:
                     first = None
                     for line in response:

@@ -77,7 +77,12 @@ def _print_table(records) -> None:
     for r in records:
         state = "[green]running[/]" if r.running else "[red]dead[/]"
         table.add_row(r.name, state, r.address, f"{r.ssh_user}@{r.address}:{r.ssh_port}", r.endpoint or "-")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if any(r.ca_cert for r in records):
+        # The key is not printed in the table (shoulder surfing, terminal logs); scripts read it from --json.
+        ca = next(r.ca_cert for r in records if r.ca_cert)
+        console.print(f"CA: {ca}   API key: `gemmaserve sandbox status --json` (api_key)")
 
 
 @sandbox_app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

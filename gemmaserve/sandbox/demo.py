@@ -109,6 +109,7 @@ def run_demo(weights: str = "local") -> None:
     import yaml
 
     from gemmaserve import sandbox
+    from gemmaserve.sandbox import credentials, state
     from gemmaserve.sandbox.profile import OVERRIDE_ENV
 
     total = time.perf_counter()
@@ -123,28 +124,34 @@ def run_demo(weights: str = "local") -> None:
     sandbox.up(1, log=lambda message: console.print(f"    {message}"))
     _done(start)
     deploy(env=env)
-    start = _step("verify the endpoint: models, chat, json_schema, tools, /metrics")
-    endpoint = next(h.endpoint for h in sandbox.status() if h.name == "sandbox-1")
-    if not endpoint:
-        raise DemoError("sandbox-1's load balancer does not answer /health on port 8080")
-    report = check_endpoint(endpoint)
+    start = _step("verify the endpoint: TLS, API key, models, chat, json_schema, tools; no key and /metrics refused")
+    host = next(h for h in sandbox.status() if h.name == "sandbox-1")
+    if not host.endpoint:
+        raise DemoError("sandbox-1's load balancer does not answer /health on port 8080 over TLS")
+    endpoint = credentials.endpoint(state.load_state().host("sandbox-1"))
+    report = check_endpoint(endpoint.base_url, endpoint.credentials)
     _done(start, "all checks passed")
-    model = report.models[0]
+    model, key, ca = report.models[0], endpoint.credentials.api_key, endpoint.credentials.ca_cert
     console.print()
     console.print(
-        f"[bold green]Endpoint:[/bold green] {endpoint}   (model {model}, ready in {time.perf_counter() - total:.0f} s)"
+        f"[bold green]Endpoint:[/bold green] {endpoint.base_url}   (model {model}, ready in {time.perf_counter() - total:.0f} s)"
     )
+    console.print(f"[bold green]API key:[/bold green]  {key}")
+    console.print(f"[bold green]CA:[/bold green]       {ca}   (the sandbox's own CA; trust it explicitly)")
     console.print("[yellow]The model is a randomly initialised TEST model: its text is meaningless by design.[/yellow]")
     console.print(f"Sample chat completion: {report.chat_text!r}")
     console.print(f"Structured output (json_schema, validated): {report.structured}")
+    console.print(f"Refused as they should be: {report.refused}")
     console.print(
-        f"\nTry it:\n  curl {endpoint}/models\n"
-        f"  curl {endpoint}/chat/completions -H 'Content-Type: application/json' \\\n"
-        f'    -d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 16}}\'\n'
-        f"  python3 -c \"from openai import OpenAI; c = OpenAI(base_url='{endpoint}', api_key='EMPTY'); "
+        f"\nTry it:\n  export GEMMASERVE_API_KEY={key} GEMMASERVE_CA_CERT={ca}\n"
+        f'  curl --cacert $GEMMASERVE_CA_CERT -H "Authorization: Bearer $GEMMASERVE_API_KEY" {endpoint.base_url}/models\n'
+        f'  python3 -c "import os, ssl; from openai import DefaultHttpxClient, OpenAI; '
+        f"c = OpenAI(base_url='{endpoint.base_url}', api_key=os.environ['GEMMASERVE_API_KEY'], "
+        f"http_client=DefaultHttpxClient(verify=ssl.create_default_context(cafile=os.environ['GEMMASERVE_CA_CERT']))); "
         f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hi'}}], max_tokens=16))\"\n"
+        f"  gemmaserve keys list --inventory hosts/sandbox.py   # add, revoke: see README\n"
         f"  gemmaserve sandbox ssh sandbox-1 -- systemctl status 'vllm@*' haproxy\n"
-        f"  make demo-down   # removes the host, its network and cgroups"
+        f"  make demo-down   # removes the host, its network, cgroups, CA and key"
     )
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gemmaserve.sandbox import cgroups, machine, network, rootfs, state
+from gemmaserve.sandbox import cgroups, credentials, machine, network, rootfs, state
 from gemmaserve.sandbox.state import Host, State
 from gemmaserve.sandbox.system import Log, plain_log
 
@@ -29,9 +29,13 @@ class HostStatus:
     running: bool
     pid: int | None
 
+    api_key: str | None = None
+    ca_cert: str | None = None
+
     def public(self) -> dict[str, object]:
-        """The record `sandbox status --json` prints."""
-        return {k: getattr(self, k) for k in ("name", "address", "ssh_port", "ssh_user", "ssh_key", "endpoint")}
+        """The record `sandbox status --json` prints: how to reach the host and call its endpoint."""
+        keys = ("name", "address", "ssh_port", "ssh_user", "ssh_key", "endpoint", "api_key", "ca_cert")
+        return {k: getattr(self, k) for k in keys}
 
 
 def status() -> list[HostStatus]:
@@ -45,6 +49,7 @@ def status() -> list[HostStatus]:
             machine.endpoint(h),
             machine.is_alive(h),
             h.pid,
+            *credentials.existing(h.name),
         )
         for h in state.load_state().hosts
     ]
@@ -158,6 +163,8 @@ def _bring_up(host: Host, tarball: Path, public_key: str, pip_conf: str, st: Sta
     rootfs.customize_host(host.rootfs, host.name, public_key, pip_conf)
     rootfs_s = time.monotonic() - started
     log(f"{host.name}: rootfs ready in {rootfs_s:.1f} s")
+    # Its certificate (from the sandbox's CA) and the sandbox's API key, which its deploy installs.
+    credentials.ensure(host)
     host.cgroups = cgroups.create_cgroups(host.name)
     network.create_network(host)
     state.save_state(st)  # record what exists before starting, so `down` can always clean up
@@ -224,10 +231,11 @@ def down(names: Iterable[str] | None = None, log: Log = plain_log) -> None:
 
 
 def _release_sandbox(st: State) -> None:
-    """What the last host leaves behind: the NAT table, ip_forward, the ssh key, hosts/."""
+    """What the last host leaves behind: the NAT table, ip_forward, the ssh key, the CA and API key, hosts/."""
     network.remove_nat(st)
     for leftover in (state.SSH_KEY, state.SSH_KEY.with_suffix(".pub")):
         leftover.unlink(missing_ok=True)
+    credentials.remove()
     shutil.rmtree(state.STATE_DIR / "hosts", ignore_errors=True)
     # systemd-nspawn's own runtime directories, created on first use; removed only when empty.
     for empty in ("nspawn/propagate", "nspawn/locks", "nspawn"):

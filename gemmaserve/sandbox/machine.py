@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -202,7 +203,8 @@ def host_rss_bytes(host: Host) -> int:
 
 
 def endpoint(host: Host) -> str | None:
-    """The load balancer's OpenAI base URL once it answers GET /health, else None.
+    """The load balancer's OpenAI base URL once it answers GET /health over TLS (verified against the
+    sandbox's CA), else None.
 
     Probing (0.5 s at most) rather than trusting a flag a deploy wrote keeps the answer true
     when the load balancer is gone or was never deployed. Only running hosts are probed: a
@@ -210,8 +212,14 @@ def endpoint(host: Host) -> str | None:
     """
     if not is_alive(host) or not Path(f"/sys/class/net/{host.veth}").exists():
         return None
-    base = f"http://{host.address}:{state.LB_PORT}"
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    from gemmaserve.sandbox import credentials
+
+    _, ca_cert = credentials.existing(host.name)
+    if ca_cert is None:
+        return None
+    base = f"https://{host.address}:{state.LB_PORT}"
+    context = ssl.create_default_context(cafile=ca_cert)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
     try:
         with opener.open(f"{base}/health", timeout=0.5) as response:
             return f"{base}/v1" if response.status == 200 else None

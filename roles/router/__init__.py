@@ -1,15 +1,18 @@
-"""Router: HAProxy on one port in front of the host's replicas (least outstanding requests), and the
-admin program (files/haproxy_admin.py) that drains and re-enables replicas through HAProxy's socket."""
+"""Router: HAProxy on one port in front of the host's replicas (least outstanding requests), serving TLS
+and only the client routes to callers with an API key (the plan's access section; roles/access provides
+the key map and the certificate), and the admin program (files/haproxy_admin.py) that drains and
+re-enables replicas through HAProxy's socket."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from gemmaserve.plan import Plan
+from gemmaserve.plan import AccessPlan, Plan
 from roles._lib.apt import install_packages
 from roles._lib.facts import HostState
 from roles._lib.managed import managed_directory, managed_file, managed_service
@@ -29,7 +32,53 @@ class Settings(RoleSettings):
     stream_timeout: str = "1h"
 
 
-def haproxy_config(serving: Plan, settings: Settings) -> str:
+def openai_error(message: str, type_: str, code: str | None) -> str:
+    """An error body as OpenAI's API writes them, for HAProxy's `http-request return ... string '...'`."""
+    body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+    if "'" in body or "\n" in body:
+        raise ValueError(f"cannot quote {body!r} in haproxy.cfg")
+    return body
+
+
+def error_bodies(access: AccessPlan) -> dict[str, str]:
+    """The JSON bodies of the balancer's own 401, 404, 405 and 429 answers."""
+    routes = ", ".join(f"{method} {path}" for method, path in access.routes)
+    auth = "Send your API key as `Authorization: Bearer <key>`."
+    return {
+        "missing_key": openai_error(
+            f"You did not provide an API key. {auth}", "invalid_request_error", "missing_api_key"
+        ),
+        "invalid_key": openai_error(f"Incorrect API key provided. {auth}", "invalid_request_error", "invalid_api_key"),
+        "unknown_route": openai_error(
+            f"Unknown route. This endpoint serves {routes}.", "invalid_request_error", "unknown_url"
+        ),
+        "get_only": openai_error(
+            "Method not allowed: this route takes GET.", "invalid_request_error", "method_not_allowed"
+        ),
+        "post_only": openai_error(
+            "Method not allowed: this route takes POST.", "invalid_request_error", "method_not_allowed"
+        ),
+        "health_method": openai_error(
+            "Method not allowed: /health takes GET.", "invalid_request_error", "method_not_allowed"
+        ),
+        "concurrency": openai_error(
+            f"Too many concurrent requests for this API key: at most {access.max_concurrent_requests} in flight "
+            "on this host. Retry after 1 s.",
+            "requests",
+            "rate_limit_exceeded",
+        ),
+        "rate": openai_error(
+            f"Rate limit reached for this API key: {access.requests_per_minute} requests per minute on this host. "
+            f"Retry after {access.rate_retry_after} s.",
+            "requests",
+            "rate_limit_exceeded",
+        ),
+    }
+
+
+def haproxy_config(serving: Plan, settings: Settings, access: AccessPlan | None = None) -> str:
+    """haproxy.cfg for this host's plan; `access` overrides the plan's key map and certificate paths (tests)."""
+    access = access or serving.access
     return render(
         TEMPLATES / "haproxy.cfg.j2",
         bind=settings.bind,
@@ -37,6 +86,8 @@ def haproxy_config(serving: Plan, settings: Settings) -> str:
         stats_port=settings.stats_port,
         stream_timeout=settings.stream_timeout,
         replicas=serving.replicas,
+        access=access,
+        errors=error_bodies(access),
     )
 
 

@@ -62,12 +62,12 @@ def _file_source(path: str, settings: Settings) -> None:
 
 
 def _secret_manager_source(secret: str) -> None:
-    script, unit_path = installed_path("hf_token.py"), f"/etc/systemd/system/{FETCH_UNIT}"
+    script, unit_path = installed_path("secret_fetch.py"), f"/etc/systemd/system/{FETCH_UNIT}"
     now = HostState(host, paths=[script, unit_path])
     managed_file(
         name="Install the Secret Manager token fetcher",
         dest=script,
-        content=program_source("secrets", "hf_token.py"),
+        content=program_source("_lib", "secret_fetch.py"),
         current=now.path(script),
     )
     unit = managed_file(

@@ -62,6 +62,10 @@ class ProgramRun:
         return sorted(r.type for r in self.resources)
 
 
+def pem(label: str, name: str) -> str:
+    return f"-----BEGIN {label}-----\nMOCK{name}\n-----END {label}-----\n"
+
+
 class CloudMocks(pulumi.runtime.Mocks):
     """Plausible provider outputs: what the program reads back (IPs, emails, names, self links)."""
 
@@ -108,6 +112,18 @@ class CloudMocks(pulumi.runtime.Mocks):
                 queued_resource_name=f"projects/{PROJECT}/locations/{zone}/queuedResources/{inputs['queued_resource_id']}",
                 node_name=f"projects/{PROJECT}/locations/{zone}/nodes/{inputs['node_id']}",
             )
+        elif typ.startswith("tls:index/"):
+            # pulumi-tls computes these locally; the mock returns PEM-shaped placeholders naming the resource.
+            kind = typ.split(":")[-1]
+            if kind == "PrivateKey":
+                state["privateKeyPem"] = pem("PRIVATE KEY", name)
+                state["publicKeyPem"] = pem("PUBLIC KEY", name)
+            elif kind == "CertRequest":
+                state["certRequestPem"] = pem("CERTIFICATE REQUEST", name)
+            else:  # SelfSignedCert, LocallySignedCert
+                state["certPem"] = pem("CERTIFICATE", name)
+        elif typ == "gcp:compute/address:Address":
+            state["address"] = "10.42.0.200"
         elif typ == "docker:index/image:Image":
             state["repoDigest"] = f"{inputs['imageName'].split(':')[0]}@sha256:{'0' * 64}"
         return f"{name}-id", state

@@ -69,8 +69,16 @@ def test_cloud_must_be_a_mapping():
         parse_cloud(None)
 
 
+SERVING = {"api_keys": {"secret_manager": "x-api-keys"}, "tls": {"secret_manager": "x-tls"}}
+
+
 def spec_raw(kind: str, count: int, model: str = "e2b", **cloud) -> dict:
-    return {"model": model, "accelerator": {"kind": kind, "count": count}, "cloud": {**OK, **cloud}}
+    return {
+        "model": model,
+        "accelerator": {"kind": kind, "count": count},
+        "serving": SERVING,
+        "cloud": {**OK, **cloud},
+    }
 
 
 @pytest.mark.parametrize(
@@ -90,6 +98,16 @@ def test_cross_checks_with_the_spec(raw, expected):
     with pytest.raises(SpecError) as caught:
         settings_from_config(raw, {"project": PROJECT, "region": "us-east5"}, "x")
     assert expected in str(caught.value)
+
+
+@pytest.mark.parametrize("field", ["api_keys", "tls"])
+def test_stack_hosts_read_keys_and_certificate_from_secret_manager(field):
+    raw = spec_raw("l4", 1, zones=["us-east5-a"])
+    raw["serving"] = {**SERVING, field: {"file": "/etc/gemmaserve/x"}}
+    with pytest.raises(SpecError) as caught:
+        settings_from_config(raw, {"project": PROJECT, "region": "us-east5"}, "x")
+    assert f"serving.{field}.file = '/etc/gemmaserve/x'" in str(caught.value)
+    assert f"allowed: serving.{field}.secret_manager" in str(caught.value)
 
 
 def test_gpu_zones_must_match_the_region():

@@ -23,9 +23,16 @@ BASE = {
     "gcp:compute/firewall:Firewall": 2,  # SSH from IAP, serving port from serving_port_cidrs
     "gcp:serviceaccount/account:Account": 1,
     "gcp:projects/iAMMember:IAMMember": 2,
-    "gcp:secretmanager/secret:Secret": 1,
-    "gcp:secretmanager/secretVersion:SecretVersion": 1,
-    "gcp:secretmanager/secretIamMember:SecretIamMember": 1,
+    # The HF token, the API keys and the TLS certificate; versions: the token and the certificate (keys
+    # get theirs from `gemmaserve keys`).
+    "gcp:secretmanager/secret:Secret": 3,
+    "gcp:secretmanager/secretVersion:SecretVersion": 2,
+    "gcp:secretmanager/secretIamMember:SecretIamMember": 3,
+    # The stack's CA and the hosts' certificate.
+    "tls:index/privateKey:PrivateKey": 2,
+    "tls:index/selfSignedCert:SelfSignedCert": 1,
+    "tls:index/certRequest:CertRequest": 1,
+    "tls:index/locallySignedCert:LocallySignedCert": 1,
     "gcp:artifactregistry/repository:Repository": 1,
     "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": 1,
 }
@@ -223,8 +230,12 @@ def test_service_account_scopes_and_roles(stack_runs, stack):
     member = f"serviceAccount:{email}"
     project_roles = {(m.inputs["role"], m.inputs["member"]) for m in run.of_type("gcp:projects/iAMMember:IAMMember")}
     assert project_roles == {("roles/logging.logWriter", member), ("roles/monitoring.metricWriter", member)}
-    accessor = run.one("gcp:secretmanager/secretIamMember:SecretIamMember").inputs
-    assert (accessor["role"], accessor["member"]) == ("roles/secretmanager.secretAccessor", member)
+    # The HF token, the API keys and the TLS certificate: each readable by the hosts' account, nothing more.
+    accessors = {
+        (a.inputs["role"], a.inputs["member"]) for a in run.of_type("gcp:secretmanager/secretIamMember:SecretIamMember")
+    }
+    assert accessors == {("roles/secretmanager.secretAccessor", member)}
+    assert len(run.of_type("gcp:secretmanager/secretIamMember:SecretIamMember")) == 3
     reader = run.one("gcp:artifactregistry/repositoryIamMember:RepositoryIamMember").inputs
     assert (reader["role"], reader["member"]) == ("roles/artifactregistry.reader", member)
     if stack in GPU_STACKS:
@@ -235,24 +246,84 @@ def test_service_account_scopes_and_roles(stack_runs, stack):
         assert (props["service_account"], props["scopes"]) == (email, [CLOUD_PLATFORM])
 
 
+SECRET = "gcp:secretmanager/secret:Secret"
+VERSION = "gcp:secretmanager/secretVersion:SecretVersion"
+ACCESSOR = "gcp:secretmanager/secretIamMember:SecretIamMember"
+
+
+def secret_named(run: ProgramRun, secret_id: str):
+    return next(r for r in run.of_type(SECRET) if r.inputs["secretId"] == secret_id)
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_hf_token_never_in_outputs(stack_runs, stack):
     run = stack_runs[stack]
     assert HF_TOKEN not in json.dumps(run.outputs, default=str)
-    version = run.one("gcp:secretmanager/secretVersion:SecretVersion")
+    version = next(v for v in run.of_type(VERSION) if v.name.endswith("-hf-version"))
     assert version.secret_inputs == {"secretData"}
 
 
 def test_no_token_no_version():
     run = run_program("a100", hf_token=None)
-    assert not run.of_type("gcp:secretmanager/secretVersion:SecretVersion")
-    assert run.of_type("gcp:secretmanager/secretIamMember:SecretIamMember")
+    assert [v.name for v in run.of_type(VERSION)] == ["gs-a100-access-tls-version"]
+    assert run.of_type(ACCESSOR)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_api_key_secret_has_no_version_and_only_the_hosts_read_it(stack_runs, stack):
+    """`gemmaserve keys add --stack` adds the versions: Pulumi owns the secret only, so nothing drifts."""
+    run = stack_runs[stack]
+    secret = secret_named(run, f"{stack}-api-keys")
+    assert not [v for v in run.of_type(VERSION) if "keys" in v.name]
+    accessor = next(a for a in run.of_type(ACCESSOR) if a.inputs["secretId"] == f"{stack}-api-keys")
+    assert accessor.inputs["role"] == "roles/secretmanager.secretAccessor"
+    assert accessor.inputs["member"].startswith("serviceAccount:")
+    assert secret.inputs["labels"]["stack"] == stack
+    assert run.outputs["api_key_secret"] == f"projects/123456/secrets/{stack}-api-keys"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_tls_secret_holds_the_hosts_certificate_as_a_secret(stack_runs, stack):
+    run = stack_runs[stack]
+    secret_named(run, f"{stack}-tls")
+    version = next(v for v in run.of_type(VERSION) if v.name.endswith("-tls-version"))
+    assert version.secret_inputs == {"secretData"}
+    # The bundle HAProxy reads: the host certificate, the CA, the host's private key.
+    bundle = version.inputs["secretData"]["value"]  # as a secret input: {signature: ..., "value": ...}
+    assert bundle.index("MOCK") < bundle.index("BEGIN PRIVATE KEY")
+    assert "-hosts-cert" in bundle and "-access-ca\n" in bundle and "-hosts-key" in bundle
+    csr = run.one("tls:index/certRequest:CertRequest").inputs
+    assert csr["ipAddresses"] == [run.outputs["hosts"][0]["internal_ip"]]
+    signed = run.one("tls:index/locallySignedCert:LocallySignedCert").inputs
+    assert signed["allowedUses"] == ["digital_signature", "key_encipherment", "server_auth"]
+    assert signed["validityPeriodHours"] == 8760 and signed["earlyRenewalHours"] == 720
+    assert run.one("tls:index/selfSignedCert:SelfSignedCert").inputs["isCaCertificate"] is True
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_ca_certificate_is_exported_and_no_private_key_is(stack_runs, stack):
+    run = stack_runs[stack]
+    assert run.outputs["ca_cert"].startswith("-----BEGIN CERTIFICATE-----")
+    assert "PRIVATE KEY" not in json.dumps(run.outputs, default=str)
+
+
+def test_a_tls_secret_owned_elsewhere_gets_no_version():
+    config = stack_config("a100")
+    config["gemmaserve:serving"] = {
+        "api_keys": {"secret_manager": "a100-api-keys"},
+        "tls": {"secret_manager": "projects/certs-project/secrets/serving-cert"},
+    }
+    run = run_program("a100", config)
+    assert not [v for v in run.of_type(VERSION) if v.name.endswith("-tls-version")]
+    accessor = next(a for a in run.of_type(ACCESSOR) if a.inputs["secretId"] == "serving-cert")
+    assert accessor.inputs["project"] == "certs-project"
 
 
 def test_secret_replication_user_managed():
     run = run_program("a100", with_cloud("a100", secret_replication=["us-central1", "us-east1"]))
-    replication = run.one("gcp:secretmanager/secret:Secret").inputs["replication"]
-    assert replication == {"userManaged": {"replicas": [{"location": "us-central1"}, {"location": "us-east1"}]}}
+    for secret in run.of_type("gcp:secretmanager/secret:Secret"):
+        replication = secret.inputs["replication"]
+        assert replication == {"userManaged": {"replicas": [{"location": "us-central1"}, {"location": "us-east1"}]}}
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -275,7 +346,7 @@ def test_hosts_output(stack_runs, stack):
 @pytest.mark.parametrize("stack", STACKS)
 def test_endpoint_and_plan_outputs(stack_runs, stack):
     run = stack_runs[stack]
-    assert run.outputs["endpoint"] == f"http://{run.outputs['hosts'][0]['internal_ip']}:8080/v1"
+    assert run.outputs["endpoint"] == f"https://{run.outputs['hosts'][0]['internal_ip']}:8080/v1"
     assert run.outputs["plan"] == json.loads(json.dumps(plan(load_stack_spec(stack, ROOT)).to_json()))
 
 
@@ -312,10 +383,11 @@ def test_multi_host_gets_a_least_request_load_balancer():
     backend = run.one("gcp:compute/regionBackendService:RegionBackendService").inputs
     assert backend["localityLbPolicy"] == "LEAST_REQUEST"
     assert backend["loadBalancingScheme"] == "INTERNAL_MANAGED"
-    check = run.one("gcp:compute/regionHealthCheck:RegionHealthCheck").inputs["httpHealthCheck"]
+    assert backend["protocol"] == "HTTPS" and backend["portName"] == "https"
+    check = run.one("gcp:compute/regionHealthCheck:RegionHealthCheck").inputs["httpsHealthCheck"]
     assert (check["requestPath"], check["port"]) == ("/health", 8080)
     group = run.one("gcp:compute/instanceGroup:InstanceGroup").inputs
-    assert len(group["instances"]) == 2 and group["namedPorts"] == [{"name": "http", "port": 8080}]
+    assert len(group["instances"]) == 2 and group["namedPorts"] == [{"name": "https", "port": 8080}]
     proxy_subnets = [
         s
         for s in run.of_type("gcp:compute/subnetwork:Subnetwork")
@@ -324,8 +396,20 @@ def test_multi_host_gets_a_least_request_load_balancer():
     assert len(proxy_subnets) == 1
     lb_rule = next(r for r in run.of_type(FIREWALL) if "35.191.0.0/16" in r.inputs["sourceRanges"])
     assert "130.211.0.0/22" in lb_rule.inputs["sourceRanges"]
-    assert run.outputs["endpoint"] == "http://10.42.0.200:8080/v1"
+    assert run.outputs["endpoint"] == "https://10.42.0.200:8080/v1"
     assert len(run.outputs["hosts"]) == 2
+    # HTTPS only: a certificate the stack's CA signed for the reserved address the forwarding rule takes.
+    assert not run.of_type("gcp:compute/regionTargetHttpProxy:RegionTargetHttpProxy")
+    certificate = run.one("gcp:compute/regionSslCertificate:RegionSslCertificate")
+    assert "privateKey" in certificate.secret_inputs
+    proxy = run.one("gcp:compute/regionTargetHttpsProxy:RegionTargetHttpsProxy").inputs
+    assert proxy["sslCertificates"] == [f"{certificate.name}-id"]
+    address = run.one("gcp:compute/address:Address").inputs
+    assert address["addressType"] == "INTERNAL"
+    assert run.one("gcp:compute/forwardingRule:ForwardingRule").inputs["ipAddress"] == "10.42.0.200"
+    requests = {r.name: r.inputs for r in run.of_type("tls:index/certRequest:CertRequest")}
+    assert requests["gs-gpu8-lb-tls-csr"]["ipAddresses"] == ["10.42.0.200"]
+    assert requests["gs-gpu8-access-hosts-csr"]["ipAddresses"] == [h["internal_ip"] for h in run.outputs["hosts"]]
 
 
 def test_single_host_has_no_load_balancer(stack_runs):

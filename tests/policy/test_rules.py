@@ -13,6 +13,7 @@ from pulumi_policy import (
 )
 
 from tests.infra.conftest import HF_TOKEN, STACKS, run_program
+from tests.infra.test_stacks import with_cloud
 
 INSTANCE, FIREWALL, DYNAMIC = rules.INSTANCE, rules.FIREWALL, rules.DYNAMIC
 LABELS = {"app": "gemmaserve", "managed-by": "pulumi", "stack": "gpu8"}
@@ -142,10 +143,25 @@ def stack_outputs(outputs: dict) -> list[str]:
         {"hosts": [{"name": "h", "env": {"HF_TOKEN": HF_TOKEN}}]},
         {"hfToken": "anything-at-all"},
         {"nested": {"secret_data": "value"}},
+        {"tls": "-----BEGIN EC PRIVATE KEY-----\nMHc...\n-----END EC PRIVATE KEY-----\n"},
     ],
 )
 def test_plaintext_secret_in_outputs(outputs):
     assert stack_outputs(outputs)
+
+
+@pytest.mark.parametrize(
+    "resource_type",
+    ["gcp:compute/regionTargetHttpProxy:RegionTargetHttpProxy", "gcp:compute/targetHttpProxy:TargetHttpProxy"],
+)
+def test_plaintext_endpoint_proxy(resource_type):
+    assert validate(rules.validate_plaintext_proxy, resource_type, {"urlMap": "m"})
+
+
+def test_multi_host_stack_passes_the_plaintext_endpoint_rule():
+    run = run_program("gpu8", with_cloud("gpu8", hosts=2))
+    assert run.of_type("gcp:compute/regionTargetHttpsProxy:RegionTargetHttpsProxy")
+    assert not [r.name for r in run.resources if validate(rules.validate_plaintext_proxy, r.type, r.inputs)]
 
 
 # --- quiet on good ------------------------------------------------------------------------------
@@ -159,7 +175,8 @@ def test_quiet_on_good_examples():
         rules.validate_flex_start_duration, DYNAMIC, queued(provisioning="flex-start", max_run_seconds=3600)
     )
     assert not validate(rules.validate_labels, "gcp:compute/network:Network", {})
-    assert not stack_outputs({"endpoint": "http://10.42.0.5:8080/v1", "secret_name": ""})
+    assert not stack_outputs({"endpoint": "https://10.42.0.5:8080/v1", "secret_name": ""})
+    assert not stack_outputs({"ca_cert": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"})
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -171,6 +188,7 @@ def test_every_stack_passes_every_rule(stack):
         rules.validate_flex_start_duration,
         rules.validate_queued_resource_protected,
         rules.validate_labels,
+        rules.validate_plaintext_proxy,
     ]
     for resource in run.resources:
         for rule in resource_rules:
@@ -186,5 +204,6 @@ def test_pack_lists_every_rule():
         "flex-start-max-run-duration",
         "tpu-queued-resource-protected",
         "labels-present",
+        "no-plaintext-endpoint",
         "no-plaintext-secret-outputs",
     }

@@ -89,6 +89,15 @@ def test_down_of_last_host_removes_nft_table(torn_down: TornDown) -> None:
 
 
 @pytest.mark.sandbox_teardown
+def test_down_of_last_host_removes_the_ca_and_api_key(torn_down: TornDown) -> None:
+    from gemmaserve.sandbox import credentials
+
+    if torn_down.others_up:
+        pytest.skip("other sandbox hosts are up; their clients still use the sandbox's CA and key")
+    assert not credentials.TLS_DIR.exists() and not credentials.API_KEY.exists() and not credentials.KEY_STORE.exists()
+
+
+@pytest.mark.sandbox_teardown
 def test_down_of_last_host_restores_ip_forward(torn_down: TornDown) -> None:
     if torn_down.others_up or torn_down.ip_forward_before is None:
         pytest.skip("other sandbox hosts are up; ip_forward stays on for them")
@@ -214,7 +223,11 @@ def test_status_json_has_the_documented_fields(sandbox_hosts: list[state.Host]) 
         check=True,
     ).stdout
     records = json.loads(out)["hosts"]
-    assert {tuple(sorted(r)) for r in records} == {("address", "endpoint", "name", "ssh_key", "ssh_port", "ssh_user")}
+    fields = ("address", "api_key", "ca_cert", "endpoint", "name", "ssh_key", "ssh_port", "ssh_user")
+    assert {tuple(sorted(r)) for r in records} == {fields}
+    # Made when the host came up: the sandbox's key and its CA, for clients of its endpoint.
+    record = next(r for r in records if r["name"] == sandbox_hosts[0].name)
+    assert record["api_key"].startswith("gsk-") and Path(record["ca_cert"]).read_text().startswith("-----BEGIN")
 
 
 def test_inventory_lists_the_host(sandbox_hosts: list[state.Host]) -> None:

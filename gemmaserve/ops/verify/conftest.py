@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gemmaserve.ops import fleet
+from gemmaserve.ops.endpoint import API_KEY_ENV, CA_CERT_ENV
 
 
 def pytest_addoption(parser) -> None:
@@ -41,14 +42,19 @@ class Target:
     def __init__(self, name, fleet_host, serving):
         self.name, self.data, self.plan = name, fleet_host.data, serving
         self.host = fleet_host.connect()
+        # The endpoint is checked from here, as a client calls it: TLS verified against GEMMASERVE_CA_CERT
+        # (else the system's store), with the key in GEMMASERVE_API_KEY (a sandbox host has its own).
+        self.endpoint = fleet_host.endpoint()
 
-    @property
-    def router(self) -> str:
-        return f"http://127.0.0.1:{self.plan.router_port}"
+    def call(self, path: str, payload: dict | None = None, **options) -> tuple[int, str]:
+        """(status, body) through the host's load balancer; fails clearly without a key to call it with."""
+        if self.endpoint.credentials.api_key is None and options.get("key", "") == "":
+            pytest.fail(f"set {API_KEY_ENV} (and {CA_CERT_ENV}) to check the endpoint of {self.name}", pytrace=False)
+        return self.endpoint.request(path, payload, **options)
 
-    def curl(self, path: str, payload: str | None = None) -> tuple[int, str]:
-        data = f" -H 'Content-Type: application/json' --data @- <<'EOF'\n{payload}\nEOF" if payload else ""
-        out = self.host.run(f"curl -s -m 120 -w '\\n%{{http_code}}' {self.router}{path}{data}").stdout
+    def replica_get(self, replica, path: str) -> tuple[int, str]:
+        """GET a replica's own route on the host (loopback), where Prometheus scrapes it."""
+        out = self.host.run(f"curl -s -m 30 -w '\\n%{{http_code}}' {replica.url}{path}").stdout
         body, _, code = out.rpartition("\n")
         return int(code or 0), body
 

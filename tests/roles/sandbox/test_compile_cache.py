@@ -6,19 +6,17 @@ writes for each kernel it builds, not from timings."""
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 
 from gemmaserve.plan import plan
 from gemmaserve.sandbox.profile import sandbox_host_data
 from gemmaserve.sources import spec_from_host_data
-from tests.sandbox_fixtures import deploy, wait_until
+from tests.sandbox_fixtures import deploy, sandbox_endpoint, wait_until
 
 pytestmark = pytest.mark.sandbox
 
 COMPILED = {"gemmaserve_workload": {**sandbox_host_data()["gemmaserve_workload"], "enforce_eager": False}}
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +63,10 @@ def restart_and_wait(remote, command: str) -> None:
 
 
 def chat(host, model: str) -> str:
-    body = json.dumps(
-        {"model": model, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
-    ).encode()
-    request = urllib.request.Request(
-        f"http://{host.address}:8080/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
-    )
-    with _OPENER.open(request, timeout=120) as response:
-        return json.loads(response.read())["choices"][0]["finish_reason"]
+    payload = {"model": model, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+    status, body = sandbox_endpoint(host).request("/v1/chat/completions", payload)
+    assert status == 200, body[:300]
+    return json.loads(body)["choices"][0]["finish_reason"]
 
 
 def test_compiled_replica_serves(compiled):

@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from gemmaserve.ops import fleet
-from gemmaserve.ops.endpoint import CITY_SCHEMA, WEATHER_TOOL, request, root_of, schema_problems
+from gemmaserve.ops.endpoint import CITY_SCHEMA, WEATHER_TOOL, check_endpoint, schema_problems
 from gemmaserve.plan import plan
 from gemmaserve.sandbox.profile import OVERRIDE_ENV, sandbox_host_data
 from gemmaserve.sources import load_stack_spec, spec_from_host_data
-from tests.sandbox_fixtures import deploy
+from tests.sandbox_fixtures import deploy, sandbox_endpoint
 
 pytestmark = pytest.mark.sandbox
 
@@ -37,16 +37,15 @@ def deployed(sandbox_hosts):
 
 
 @pytest.fixture(scope="module")
-def endpoint(deployed) -> str:
+def endpoint(deployed):
+    """The host's balancer as a client calls it: TLS against the sandbox's CA, with the sandbox's key."""
     host, _ = deployed
-    return f"http://{host.address}:8080/v1"
+    return sandbox_endpoint(host)
 
 
 @pytest.fixture(scope="module")
 def client(endpoint):
-    from openai import OpenAI
-
-    return OpenAI(base_url=endpoint, api_key="EMPTY", timeout=120)
+    return endpoint.openai(timeout=120)
 
 
 def test_deploy_runs_every_role(deployed):
@@ -74,6 +73,8 @@ def test_second_deploy_reports_no_changes(deployed):
         "noop: haproxy installed",
         "noop: /etc/haproxy/haproxy.cfg.gemmaserve is up to date",
         "noop: the gemmaserve user and group exist",
+        "noop: /etc/gemmaserve/api-keys exists; keys are added and revoked with `gemmaserve keys`",
+        "noop: /etc/gemmaserve/tls.pem is up to date",
     ],
 )
 def test_dry_run_of_a_converged_host_lists_each_noop_decision(deployed, decision):
@@ -167,17 +168,33 @@ def test_streaming_passes_through_haproxy(client, sandbox_plan):
     assert len(chunks) >= 2
 
 
-def test_metrics_carry_kv_cache_usage(endpoint):
-    status, body = request(root_of(endpoint) + "/metrics")
-    assert status == 200 and "vllm:kv_cache_usage_perc" in body
+def test_the_demos_endpoint_check_passes(endpoint):
+    """What `make demo` runs last: models, chat, json_schema, tools with the key; no key and /metrics refused."""
+    report = check_endpoint(endpoint.base_url, endpoint.credentials)
+    assert report.refused == {"no key": 401, "/metrics": 404} and report.models
 
 
-def test_sandbox_status_reports_the_endpoint(deployed, endpoint):
+def replica_metrics(sandbox_host) -> str:
+    """vLLM's /metrics where Prometheus reads it: the replica on the host's loopback (the balancer hides it)."""
+    return sandbox_host.run("curl -fsS -m 10 http://127.0.0.1:8000/metrics").stdout
+
+
+def test_metrics_carry_kv_cache_usage(deployed, sandbox_host):
+    assert "vllm:kv_cache_usage_perc" in replica_metrics(sandbox_host)
+
+
+def test_sandbox_status_reports_the_endpoint_key_and_ca(deployed, endpoint):
     result = subprocess.run(
         [sys.executable, "-m", "gemmaserve", "sandbox", "status", "--json"], capture_output=True, text=True, check=True
     )
-    hosts = {h["name"]: h for h in json.loads(result.stdout)["hosts"]}
-    assert hosts[deployed[0].name]["endpoint"] == endpoint
+    record = {h["name"]: h for h in json.loads(result.stdout)["hosts"]}[deployed[0].name]
+    assert record["endpoint"] == endpoint.base_url and record["endpoint"].startswith("https://")
+    assert (record["api_key"], record["ca_cert"]) == (endpoint.credentials.api_key, endpoint.credentials.ca_cert)
+    # What a script does with them: the OpenAI SDK, trusting that CA, with that key.
+    from gemmaserve.ops.endpoint import Credentials
+
+    listed = Credentials(record["api_key"], record["ca_cert"]).openai(record["endpoint"]).models.list()
+    assert [m.id for m in listed.data]
 
 
 # --- the host, as testinfra sees it ------------------------------------------------------------
@@ -205,6 +222,7 @@ def test_replica_not_exposed_beyond_loopback(deployed, sandbox_host):
 RENDERED_UNITS = [
     "vllm@0.service",
     "gemmaserve.target",
+    "gemmaserve-api-keys.service",
     "gemmaserve-cache-restore.service",
     "gemmaserve-cache-save.service",
     "gemmaserve-cache-save.timer",
@@ -326,9 +344,9 @@ def test_bad_host_data_fails_before_any_change(deployed, sandbox_host, tmp_path)
     )
 
 
-def test_plan_capacity_matches_vllms_own_accounting(endpoint, sandbox_plan):
+def test_plan_capacity_matches_vllms_own_accounting(deployed, sandbox_host, sandbox_plan):
     """The planner's KV-cache blocks, tokens and concurrency equal what the real vLLM computed."""
-    status, body = request(root_of(endpoint) + "/metrics")
+    body = replica_metrics(sandbox_host)
     labels = dict(re.findall(r'(\w+)="([^"]*)"', re.search(r"vllm:cache_config_info\{([^}]*)\}", body)[1]))
     capacity = sandbox_plan.replicas[0].capacity
     print(
@@ -354,6 +372,8 @@ def test_gemmaserve_status_reports_the_replica(deployed, sandbox_plan):
     assert replica["state"] == "active" and replica["healthy"] is True
     assert replica["model"] == sandbox_plan.model.hf_id
     assert 0.0 <= replica["kv_cache_usage"] <= 1.0 and replica["waiting"] == 0.0
+    # Through the balancer with the sandbox's key (no GEMMASERVE_API_KEY set: a sandbox host has its own).
+    assert replica["endpoint"] == "ok"
 
 
 def test_verify_suite_passes_against_the_sandbox(deployed):

@@ -8,7 +8,7 @@ import runpy
 import pytest
 
 from gemmaserve.ops import fleet
-from gemmaserve.sandbox import state
+from gemmaserve.sandbox import credentials, state
 
 pytestmark = pytest.mark.sandbox
 
@@ -22,6 +22,9 @@ def dry_run(sandbox_hosts, tmp_path_factory):
     gpu8_data.pop("_sudo", None)
     token = tmp_path_factory.mktemp("token") / "hf-token"
     token.write_text("hf_dryrunTESTtoken\n")
+    tls_bundle = token.parent / "tls.pem"
+    ca_cert, ca_key = credentials.make_ca("gpu8 dry-run test CA")
+    tls_bundle.write_bytes(credentials.issue_server_bundle(ca_cert, ca_key, ["gpu8"]))
     data = {
         **gpu8_data,
         "ssh_hostname": host.address,
@@ -30,8 +33,9 @@ def dry_run(sandbox_hosts, tmp_path_factory):
         "ssh_known_hosts_file": "/dev/null",
         "ssh_strict_host_key_checking": "off",
         "gemmaserve_gpu_facts": {"gpu_count": 8, "kernel_module": None},
-        # gpu8 reads its token from a file on the host; a dry run only plans the upload.
+        # gpu8 reads its token and its TLS certificate from files on the host; a dry run only plans the uploads.
         "secrets_hf_token_src": str(token),
+        "access_tls_src": str(tls_bundle),
     }
     inventory = tmp_path_factory.mktemp("inventory") / "gpu8_on_sandbox.py"
     inventory.write_text(f"gpu8 = [({'gpu8-on-' + host.name!r}, {data!r})]\n")
@@ -66,6 +70,8 @@ def test_dry_run_succeeds(dry_run):
         "Install vLLM 0.33.0's Gemma 4 tool chat template",
         "Check replica 3's vLLM flags with vLLM's own parser, then install them",
         "Drain replica 3 in HAProxy",
+        "Install the TLS certificate /etc/gemmaserve/tls.pem",
+        "Create the API key store /etc/gemmaserve/api-keys",
     ],
 )
 def test_dry_run_plans_the_gpu_host_operations(dry_run, operation):

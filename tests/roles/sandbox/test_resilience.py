@@ -6,10 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
-import time
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -18,13 +14,12 @@ from gemmaserve.plan import plan
 from gemmaserve.sandbox import lifecycle
 from gemmaserve.sandbox.profile import sandbox_host_data
 from gemmaserve.sources import spec_from_host_data
-from tests.sandbox_fixtures import deploy, wait_until
+from tests.sandbox_fixtures import Load, deploy, sandbox_endpoint, wait_until
 
 pytestmark = pytest.mark.sandbox
 
 TOKEN = "hf_gemmaserveTESTtoken_" + hashlib.sha256(b"never-a-real-token").hexdigest()[:20]
 TOKEN_FILE = "/etc/gemmaserve/hf-token"
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def two_replica_data(tmp_path: Path, **workload) -> dict:
@@ -39,58 +34,6 @@ def two_replica_data(tmp_path: Path, **workload) -> dict:
     if workload:
         data["gemmaserve_workload"] = {**sandbox_host_data()["gemmaserve_workload"], **workload}
     return data
-
-
-@dataclass
-class Load:
-    """A bounded client loop: `threads` workers, at most `limit` requests or `seconds`, whichever first."""
-
-    url: str
-    model: str
-    limit: int = 400
-    seconds: float = 600
-    threads: int = 3
-    ok: int = 0
-    failures: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _sent: int = 0
-
-    def _one(self) -> None:
-        body = json.dumps(
-            {"model": self.model, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "ping"}]}
-        ).encode()
-        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-        try:
-            with _OPENER.open(request, timeout=120) as response:
-                json.loads(response.read())
-            with self._lock:
-                self.ok += 1
-        except Exception as error:  # every failure is recorded and asserted on
-            with self._lock:
-                self.failures.append(repr(error))
-
-    def _worker(self, deadline: float) -> None:
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            with self._lock:
-                if self._sent >= self.limit:
-                    return
-                self._sent += 1
-            self._one()
-
-    def __enter__(self) -> Load:
-        deadline = time.monotonic() + self.seconds
-        self._workers = [
-            threading.Thread(target=self._worker, args=(deadline,), daemon=True) for _ in range(self.threads)
-        ]
-        for worker in self._workers:
-            worker.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for worker in self._workers:
-            worker.join(timeout=150)
 
 
 @pytest.fixture(scope="module")
@@ -120,25 +63,38 @@ def test_both_replicas_serve_behind_haproxy(two_replicas, sandbox_host):
 # --- secret hygiene -----------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def used_api_key(two_replicas) -> str:
+    """The sandbox's API key, used for requests just now: HAProxy's and vLLM's logs had their chance to hold it."""
+    endpoint = sandbox_endpoint(two_replicas[0])
+    with Load(endpoint, two_replicas[1].model.hf_id, limit=2, seconds=120) as load:
+        pass
+    assert load.ok == 2, load.failures
+    return endpoint.credentials.api_key
+
+
 @pytest.mark.parametrize(
     "where, command",
     [
         ("unit files", "cat /etc/systemd/system/vllm@.service /etc/systemd/system/gemmaserve*.service"),
+        ("key store, key map, HAProxy config", "cat /etc/gemmaserve/api-keys* /etc/haproxy/haproxy.cfg"),
         ("env files", "cat /etc/gemmaserve/replica-*.env"),
         ("the journal", "journalctl --no-pager -o cat"),
-        ("systemctl show", "systemctl show 'vllm@*' gemmaserve.target haproxy"),
+        ("systemctl show", "systemctl show 'vllm@*' gemmaserve.target haproxy gemmaserve-api-keys"),
         ("process environments", "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'"),
         ("process command lines", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '"),
     ],
 )
-def test_token_absent(two_replicas, sandbox_host, where, command):
+def test_token_and_api_key_absent(used_api_key, sandbox_host, where, command):
     output = sandbox_host.run(command).stdout
     assert len(output) > 100, f"{where}: nothing read, the check would be vacuous"
     assert TOKEN not in output
+    assert used_api_key not in output
 
 
-def test_token_absent_from_pyinfra_output(two_replicas):
+def test_token_and_api_key_absent_from_pyinfra_output(two_replicas):
     assert TOKEN not in two_replicas[2]
+    assert sandbox_endpoint(two_replicas[0]).credentials.api_key not in two_replicas[2]
 
 
 def test_token_reaches_vllm_as_a_credential(two_replicas, sandbox_host):
@@ -165,7 +121,7 @@ def test_sigkilled_replica_loses_no_request_and_is_restarted(two_replicas, sandb
     host, serving, _, _ = two_replicas
     before = int(sandbox_host.run("systemctl show -p NRestarts --value vllm@0").stdout.strip())
     pid = sandbox_host.run("systemctl show -p MainPID --value vllm@0").stdout.strip()
-    with Load(f"http://{host.address}:8080/v1/chat/completions", serving.model.hf_id, limit=60, seconds=240) as load:
+    with Load(sandbox_endpoint(host), serving.model.hf_id, limit=60, seconds=240) as load:
         wait_until(lambda: load.ok >= 5, 60, "the load to start")
         assert sandbox_host.run(f"kill -KILL {pid}").rc == 0
         wait_until(lambda: load.ok >= 40 or bool(load.failures), 200, "40 requests after the kill")
@@ -183,9 +139,7 @@ def test_rolling_restart_keeps_serving_and_restarts_every_changed_replica(two_re
     host, serving, _, tmp_path = two_replicas
     started = [unit_started(sandbox_host, i) for i in (0, 1)]
     changed = two_replica_data(tmp_path, max_num_seqs=32)
-    with Load(
-        f"http://{host.address}:8080/v1/chat/completions", serving.model.hf_id, limit=20000, seconds=600, threads=2
-    ) as load:
+    with Load(sandbox_endpoint(host), serving.model.hf_id, limit=20000, seconds=600, threads=2) as load:
         wait_until(lambda: load.ok >= 3, 60, "the load to start")
         result = deploy(host.name, changed, tmp_path)
     print(f"\n[figure] rolling restart of 2 replicas under load: {load.ok} ok, {len(load.failures)} failed")
@@ -232,7 +186,7 @@ def test_reboot_brings_units_router_and_compile_cache_back(two_replicas, sandbox
     # /dev/shm is new after a reboot: the marker is there only because it was saved at shutdown and
     # restored before the replicas started.
     assert sandbox_host.file(marker).content_string.strip() == "survived"
-    with Load(f"http://{host.address}:8080/v1/chat/completions", serving.model.hf_id, limit=5, seconds=240) as load:
+    with Load(sandbox_endpoint(host), serving.model.hf_id, limit=5, seconds=240) as load:
         pass
     assert load.ok >= 1 and load.failures == []
 

@@ -1,13 +1,15 @@
-"""Fetch the Hugging Face token from Google Secret Manager into a tmpfs file, mode 0400, at unit start.
+"""Fetch a secret from Google Secret Manager into a tmpfs file, mode 0400, at unit start.
 
-Runs on serving hosts as a standalone script (stdlib only) from gemmaserve-hf-token.service:
+Runs on serving hosts as a standalone script (stdlib only) from the units that need a secret:
+gemmaserve-hf-token.service (roles/secrets: the Hugging Face token), gemmaserve-api-keys.service and
+gemmaserve-tls.service (roles/access: the API key store and the TLS certificate):
 
-    python3 hf_token.py SECRET OUT
+    python3 secret_fetch.py SECRET OUT
 
 SECRET is NAME, projects/P/secrets/NAME or projects/P/secrets/NAME/versions/V. The access token comes
 from the metadata server (the VM's service account, which holds secretAccessor on this one secret);
 where gcloud is installed and no metadata server answers, `gcloud secrets versions access` is used.
-The token is never printed, logged or put in an environment variable; errors name the secret only.
+The secret is never printed, logged or put in an environment variable; errors name the secret only.
 """
 
 from __future__ import annotations
@@ -93,12 +95,17 @@ def fetch(secret: str) -> bytes:
 
 
 def write_private(data: bytes, out: str) -> None:
-    """Write atomically, 0400, so a reader never sees a partial or world-readable token."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out) or ".", prefix=".hf-token.")
+    """Write atomically, 0400, so a reader never sees a partial or world-readable secret."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out) or ".", prefix=".secret.")
+    # A token is one line and is written without a newline; a multi-line secret (a PEM bundle, the key
+    # store) keeps its final newline.
+    body = data.strip()
+    if b"\n" in body:
+        body += b"\n"
     try:
         with os.fdopen(fd, "wb") as handle:
             os.fchmod(handle.fileno(), 0o400)
-            handle.write(data.strip())
+            handle.write(body)
         os.replace(tmp, out)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -108,7 +115,7 @@ def write_private(data: bytes, out: str) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: hf_token.py SECRET OUT", file=sys.stderr)
+        print("usage: secret_fetch.py SECRET OUT", file=sys.stderr)
         return 2
     secret, out = argv
     try:
@@ -119,7 +126,7 @@ def main(argv: list[str]) -> int:
     except TokenError as error:
         print(f"gemmaserve: {error}", file=sys.stderr)
         return 1
-    print(f"gemmaserve: Hugging Face token from {secret} written to {out} (0400)", file=sys.stderr)
+    print(f"gemmaserve: secret {secret} written to {out} (0400)", file=sys.stderr)
     return 0
 
 

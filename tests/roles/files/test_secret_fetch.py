@@ -13,7 +13,7 @@ import pytest
 
 from roles._lib.programs import program_source
 
-SCRIPT = program_source("secrets", "hf_token.py")
+SCRIPT = program_source("_lib", "secret_fetch.py")
 TOKEN = "hf_TESTtokenNeverReal0123456789"
 
 
