@@ -33,29 +33,13 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory: pytest.TempPathFactory):
     """fake-gcs-server on 127.0.0.1 (its own data directory), with STORAGE_EMULATOR_HOST set for the session."""
-    from gemmaserve.sandbox.bucket import answering, binary
+    from gemmaserve.sandbox.bucket import answering, emulator_argv
 
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
     data = tmp_path_factory.mktemp("gcs")
     process = subprocess.Popen(
-        [
-            str(binary()),
-            "-scheme",
-            "http",
-            "-host",
-            "127.0.0.1",
-            "-port",
-            str(port),
-            "-backend",
-            "filesystem",
-            "-filesystem-root",
-            str(data),
-            "-external-url",
-            endpoint,
-            "-log-level",
-            "warn",
-        ],
+        emulator_argv("127.0.0.1", port, data),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

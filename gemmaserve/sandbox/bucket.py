@@ -79,6 +79,19 @@ def status() -> Emulator | None:
     return emulator if emulator and _alive(emulator.pid) else None
 
 
+def emulator_argv(address: str, port: int, data: Path, public: bool = False) -> list[str]:
+    """fake-gcs-server serving the filesystem backend under `data` on address:port (plain HTTP).
+
+    `public` also sets the host that signed/public URLs name, for clients outside the machine's loopback.
+    """
+    endpoint = f"http://{address}:{port}"
+    argv = [str(binary()), "-scheme", "http", "-host", address, "-port", str(port)]
+    argv += ["-backend", "filesystem", "-filesystem-root", str(data), "-external-url", endpoint]
+    if public:
+        argv += ["-public-host", f"{address}:{port}"]
+    return argv + ["-log-level", "warn"]
+
+
 def up(log: Log = plain_log, address: str = ADDRESS, port: int = PORT) -> Emulator:
     """Start the emulator (idempotent) on an interface holding the sandbox's bucket address."""
     running = status()
@@ -98,25 +111,7 @@ def up(log: Log = plain_log, address: str = ADDRESS, port: int = PORT) -> Emulat
     endpoint = f"http://{address}:{port}"
     log_file = open(STATE_DIR / "emulator.log", "ab")  # noqa: SIM115 - the child keeps it
     process = subprocess.Popen(
-        [
-            str(binary()),
-            "-scheme",
-            "http",
-            "-host",
-            address,
-            "-port",
-            str(port),
-            "-backend",
-            "filesystem",
-            "-filesystem-root",
-            str(data),
-            "-external-url",
-            endpoint,
-            "-public-host",
-            f"{address}:{port}",
-            "-log-level",
-            "warn",
-        ],
+        emulator_argv(address, port, data, public=True),
         stdout=log_file,
         stderr=subprocess.STDOUT,
         start_new_session=True,
