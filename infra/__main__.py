@@ -72,8 +72,10 @@ image = ServingImage(
         reader_member=identity.member,
         build=cloud.image.build,
         base_image=spec.image,
+        vllm_package=serving_plan.engine.package,
         vllm_version=spec.vllm_version,
-        transformers_version=spec.engine.transformers_version,
+        transformers_version=spec.transformers_version,
+        chat_template_sha256=serving_plan.engine.chat_template_sha256,
         labels=labels,
     ),
 )

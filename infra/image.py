@@ -23,8 +23,11 @@ class ServingImageArgs:
     reader_member: pulumi.Input[str]
     build: bool = False
     base_image: str | None = None
+    vllm_package: str = "vllm"
     vllm_version: str | None = None
     transformers_version: str | None = None
+    # ADD --checksum: the template is verified at build time (gemmaserve.engines records it per release).
+    chat_template_sha256: str = ""
     labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -58,6 +61,11 @@ class ServingImage(pulumi.ComponentResource):
         self.repository_url = pulumi.Output.concat(registry, "/", args.project, "/", self.repository.repository_id)
         self.image_ref: pulumi.Output[str] | None = None
         if args.build:
+            if not (args.transformers_version and args.chat_template_sha256):
+                raise ValueError(
+                    f"image.build: vLLM {args.vllm_version} has no pinned transformers or recorded chat template "
+                    "checksum in gemmaserve.engines; set engine.transformers_version or build with a pinned release"
+                )
             import pulumi_docker as docker  # only stacks that build need the Docker provider
 
             tag = f"vllm-{args.vllm_version}-tf-{args.transformers_version}"
@@ -71,9 +79,11 @@ class ServingImage(pulumi.ComponentResource):
                     platform="linux/amd64",
                     args={
                         "BASE_IMAGE": args.base_image,
+                        "VLLM_PACKAGE": args.vllm_package,
                         "VLLM_VERSION": args.vllm_version,
                         "TRANSFORMERS_VERSION": args.transformers_version,
                         "CHAT_TEMPLATE_URL": CHAT_TEMPLATE_URL.format(version=args.vllm_version),
+                        "CHAT_TEMPLATE_SHA256": args.chat_template_sha256,
                         "CHAT_TEMPLATE_PATH": CHAT_TEMPLATE_PATH,
                     },
                 ),

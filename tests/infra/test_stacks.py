@@ -422,10 +422,13 @@ def test_serving_image_build_is_pinned():
     spec = load_stack_spec("gpu8", ROOT)
     assert image["build"]["args"] == {
         "BASE_IMAGE": spec.image,
+        "VLLM_PACKAGE": "vllm",
         "VLLM_VERSION": spec.vllm_version,
-        "TRANSFORMERS_VERSION": spec.engine.transformers_version,
-        # The template the argv's --chat-template points at, from vLLM's repository at the pinned tag.
+        "TRANSFORMERS_VERSION": spec.transformers_version,
+        # The template the argv's --chat-template points at, from vLLM's repository at the pinned tag,
+        # checked against the sha256 recorded for that release.
         "CHAT_TEMPLATE_URL": f"https://raw.githubusercontent.com/vllm-project/vllm/v{spec.vllm_version}/examples/tool_chat_template_gemma4.jinja",
+        "CHAT_TEMPLATE_SHA256": "afdbb2abe3667ccde95cc2f86919f05370339399bab5f750950a4390523b8927",
         "CHAT_TEMPLATE_PATH": "/etc/gemmaserve/tool_chat_template_gemma4.jinja",
     }
     assert image["imageName"].startswith(f"us-central1-docker.pkg.dev/{PROJECT}/gemmaserve/vllm-gemma4:vllm-")

@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-JSON_KEYS = {"model", "accelerator", "count", "replicas", "weights", "warnings"}
+JSON_KEYS = {"model", "accelerator", "count", "engine", "replicas", "weights", "warnings"}
+ENGINE_KEYS = {
+    "kind",
+    "package",
+    "vllm_version",
+    "transformers_version",
+    "image",
+    "python",
+    "requirements",
+    "index_urls",
+}
 REPLICA_KEYS = {
     "index",
     "devices",
@@ -36,6 +46,28 @@ def test_json_shape_is_exact():
     assert set(data) == JSON_KEYS
     assert all(set(r) == REPLICA_KEYS for r in data["replicas"])
     assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in data["replicas"]] == ["0,1", "2,3", "4,5", "6,7"]
+
+
+def test_json_engine_is_what_the_host_installs():
+    """The engine object names the exact `uv pip install` lines and indexes the vllm role runs."""
+    gpu = json.loads(gemmaserve("plan", "--stack", "gpu8", "--json").stdout)["engine"]
+    assert set(gpu) == ENGINE_KEYS
+    assert gpu == {
+        "kind": "wheel",
+        "package": "vllm",
+        "vllm_version": "0.32.0",
+        "transformers_version": "5.19.0",
+        "image": None,
+        "python": "3.12",
+        "requirements": ["vllm==0.32.0", "transformers==5.19.0"],
+        "index_urls": ["https://pypi.org/simple"],
+    }
+    amd = json.loads(gemmaserve("plan", "--model", "31b", "--accelerator", "mi300x", "--json").stdout)["engine"]
+    # The ROCm build's local version exists only on vLLM's ROCm index: no silent fall back to PyPI's CUDA wheel.
+    assert amd["requirements"] == ["vllm==0.32.0+rocm721", "transformers==5.19.0"]
+    assert amd["index_urls"] == ["https://wheels.vllm.ai/rocm/0.32.0/rocm721", "https://pypi.org/simple"]
+    tpu = json.loads(gemmaserve("plan", "--stack", "tpu-v6e4", "--json").stdout)["engine"]
+    assert (tpu["kind"], tpu["image"], tpu["requirements"]) == ("container", "vllm/vllm-tpu:v0.32.0", [])
 
 
 def test_calibration_from_the_command_line():

@@ -220,7 +220,7 @@ def test_cache_key_changes_with_graph_flags():
     keys = {
         planned(base).replicas[0].cache_key,
         planned({**base, "workload": {"max_model_len": 8192, "max_num_batched_tokens": 4096}}).replicas[0].cache_key,
-        planned({**base, "engine": {"vllm_version": "0.32.0"}}).replicas[0].cache_key,
+        planned({**base, "engine": {"vllm_version": "0.31.0"}}).replicas[0].cache_key,
         planned({**base, "serving": {"tensor_parallel_size": 1}}).replicas[0].cache_key,
     }
     assert len(keys) == 4

@@ -123,6 +123,13 @@ BAD = [
     (with_("engine.vllm_version", ">=0.19"), "engine.vllm_version", ">=0.19", "exact release"),
     (with_("engine.vllm_version", "0.18.1"), "engine.vllm_version", "0.18.1", ">= 0.19.0"),
     (with_("engine.transformers_version", "4.57.0"), "engine.transformers_version", "4.57.0", ">= 5.5.0"),
+    # The pair a real resolver rejects (vllm 0.32.0's wheel metadata), refused before any host is touched.
+    (
+        with_("engine.transformers_version", "5.23.0"),
+        "engine.transformers_version",
+        "5.23.0",
+        "vllm 0.32.0 requires transformers>=5.16.1,<5.20.0",
+    ),
     (with_("engine.image", "vllm/vllm-openai:gemma4"), "engine.image", "gemma4", "version tag"),
     (with_("engine.image", "vllm/vllm-tpu:nightly"), "engine.image", "nightly", "@sha256"),
     (with_("engine.image", "vllm/vllm-openai"), "engine.image", "vllm/vllm-openai", "pinned"),
