@@ -4,12 +4,13 @@ from pyinfra import host
 
 from gemmaserve.plan import plan
 from gemmaserve.sources import spec_from_host_data
+from gemmaserve.topology import parse_topo_matrix, with_topology
 from roles import ROLE_SETTINGS
 from roles.access import access
 from roles.base import base
 from roles.caches import caches
 from roles.monitoring import monitoring
-from roles.nvidia import nvidia
+from roles.nvidia import NvidiaTopology, nvidia
 from roles.replicas import replicas
 from roles.rocm import rocm
 from roles.router import router
@@ -23,6 +24,10 @@ from roles.weights import weights
 serving = plan(spec_from_host_data(host.data.dict(), host.name)).require_ok()
 for settings in ROLE_SETTINGS:
     settings.from_host(host)
+if serving.accelerator.vendor == "nvidia" and (topology := host.get_fact(NvidiaTopology)):
+    # With a driver loaded: tensor-parallel groups from `nvidia-smi topo -m`, each replica on its GPUs'
+    # NUMA node. Before the first driver boot the plan's index order stands until the next deploy.
+    serving = with_topology(serving, parse_topo_matrix(topology))
 
 base()
 # Drivers first: they may reboot, and everything after them needs the devices.

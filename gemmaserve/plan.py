@@ -222,6 +222,9 @@ class ReplicaPlan:
     cache_key: str
     # Where the host itself reaches the replica: its bind address, or loopback when it binds all of them.
     address: str
+    # CPUs and NUMA node local to the replica's GPUs (gemmaserve.topology, from the host's topology).
+    cpu_affinity: str = ""
+    numa_node: int | None = None
 
     @property
     def unit(self) -> str:
@@ -703,6 +706,10 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
         env["TRITON_CACHE_DIR"] = f"{cache}/triton"
     if acc.visible_devices_env:
         env[acc.visible_devices_env] = ",".join(map(str, devices))
+    if acc.vendor == "nvidia":
+        # CUDA numbers GPUs fastest-first by default; nvidia-smi, the topology and the device nodes use PCI
+        # bus order. With PCI_BUS_ID both agree (CUDA programming guide, CUDA_DEVICE_ORDER).
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if acc.is_cpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{wl.cpu_kv_cache_gib:g}"
         if wl.cpu_threads_bind != "auto":

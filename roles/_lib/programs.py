@@ -27,3 +27,6 @@ def installed_path(name: str) -> str:
 # Host data naming a GCS API emulator (the sandbox's bucket); unset in production, where hosts reach
 # storage.googleapis.com with their service account.
 STORAGE_EMULATOR_KEY = "gemmaserve_storage_emulator_host"
+
+# Installed by the nvidia role, run by each NVIDIA replica before vLLM starts.
+GPU_PREFLIGHT = f"{LIB_DIR}/gpu_preflight.py"

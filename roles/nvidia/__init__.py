@@ -1,45 +1,94 @@
-"""NVIDIA driver: a pinned branch from NVIDIA's CUDA repository, persistence mode, fabric manager on
-NVSwitch systems, the container toolkit in container mode, and a reboot only when the loaded module is stale."""
+"""NVIDIA driver: a driver branch held by NVIDIA's own pinning package, the kernel headers DKMS needs for
+every kernel the host will boot, the modules loaded and device nodes made before any replica starts,
+persistence mode, fabric manager (and the NVLink subnet manager) where NVSwitches are on the PCI bus,
+the container toolkit in container mode, and a reboot only when the loaded module is stale."""
 
 from __future__ import annotations
 
 import re
-from io import StringIO
+from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import FactBase, FileUploadCommand, deploy, operation
-from pyinfra.facts.files import FileContents
-from pyinfra.facts.server import LinuxDistribution
+from pyinfra.api import FactBase, deploy, operation
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File
+from pyinfra.facts.server import KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, systemd
 
 from gemmaserve.plan import Plan
 from roles._lib.apt import APT_GET, installed_version, upstream_version
 from roles._lib.distro import distro_name
+from roles._lib.facts import HostState
+from roles._lib.managed import managed_directory, managed_file, managed_service
+from roles._lib.programs import GPU_PREFLIGHT, LIB_DIR, program_source
 from roles._lib.reboot import allow_reboot, reboot_for
+from roles._lib.render import render
 from roles._lib.settings import RoleSettings
+
+TEMPLATES = Path(__file__).parent / "templates"
 
 
 class Settings(RoleSettings):
     prefix = "nvidia_"
-    # The production branch vLLM's CUDA 12.9/13.0 wheels and images need (>= 575); pinned through apt.
+    # vLLM 0.32.0's PyPI wheels are CUDA 13.0 (torch 2.13.0 -> nvidia-cuda-runtime 13.0.x), and "CUDA 13
+    # requires an R580 or newer driver" (docs/getting_started/installation/gpu.cuda.inc.md at v0.32.0).
+    # 580 is NVIDIA's production branch; held with nvidia-driver-pinning-580.
     driver_branch: int = 580
     # None: open kernel modules (NVIDIA's default since 560, required on Blackwell). False keeps the
     # proprietary modules on pre-Blackwell GPUs only.
     driver_open: bool | None = None
     # None: follow gemmaserve_allow_reboot (default False). A reboot is the only way to load a new module.
     allow_reboot: bool | None = None
+    # NVIDIA's CUDA repository for this distribution ({distro}: ubuntu2204, ubuntu2404, debian12); a mirror
+    # (or the sandbox's local copy, file:///...) may stand in for it.
+    repo_url: str = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64"
+    # None: install fabric manager exactly when NVSwitches are on the PCI bus; True/False force it.
+    fabric_manager: bool | None = None
 
 
-# NVIDIA's CUDA repositories: https://developer.download.nvidia.com/compute/cuda/repos/<distro>/x86_64/
-CUDA_REPO = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64"
 CUDA_KEYRING = "cuda-keyring_1.1-1_all.deb"
 CUDA_DISTROS = {("ubuntu", "22.04"): "ubuntu2204", ("ubuntu", "24.04"): "ubuntu2404", ("debian", "12"): "debian12"}
-PIN_FILE = "/etc/apt/preferences.d/gemmaserve-nvidia-driver"
+# gemmaserve's own pin file from before NVIDIA published pinning packages; removed in favour of them.
+OLD_PIN_FILE = "/etc/apt/preferences.d/gemmaserve-nvidia-driver"
 # Blackwell GPUs have no proprietary kernel module at all.
 OPEN_MODULES_ONLY = {"rtx-pro-6000", "b200"}
-FABRIC_MANAGER = "nvidia-fabricmanager"
 TOOLKIT = "nvidia-container-toolkit"
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
+NVIDIA_VENDOR = "10de"
+# PCI ids (the pci.ids database, Debian's pci.ids 0.0~2026.10.24): NVSwitch bridges of HGX A100 (1af1) and
+# HGX H100/H200 (22a3), PCI class 0680 "Bridge". Fourth-generation (NVLink 5) switches of HGX B200/B300 are
+# not PCI devices of the host; those boards are known by their GPUs: GB100 [B200] 2901/290a, [HGX B200]
+# 2909, GB110 [B300 SXM6 AC] 3182. They need the NVLink subnet manager besides fabric manager (NVIDIA
+# Fabric Manager user guide, "Systems Using Fourth Generation NVSwitches" and "What is NVLink Subnet
+# Manager?": https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/).
+NVSWITCH_DEVICE_IDS = {"1af1", "22a3"}
+NVLINK5_GPU_DEVICE_IDS = {"2901", "2909", "290a", "3182"}
+NVLSM = "nvlsm"
+# Device files: nvidia.ko registers major 195 as "nvidia" (minors 0-254) and "nvidiactl" (255);
+# nvidia-uvm.ko a dynamic major named "nvidia-uvm" (kernel-open/nvidia/nv.c and
+# kernel-open/nvidia-uvm/uvm.c at tag 580.95.05 of github.com/NVIDIA/open-gpu-kernel-modules).
+DEVICES_UNIT = "gemmaserve-nvidia-devices.service"
+PERSISTENCED_DROPIN = "/etc/systemd/system/nvidia-persistenced.service.d/gemmaserve.conf"
+UNATTENDED_UPGRADES_CONF = "/etc/apt/apt.conf.d/51gemmaserve-nvidia"
+NEEDRESTART_CONF = "/etc/needrestart/conf.d/gemmaserve.conf"
+# What unattended-upgrades must leave alone: a driver upgrade needs a reboot the deploy decides on, and a
+# new kernel without its headers would boot without a driver (Package-Blacklist entries are Python
+# regular expressions since unattended-upgrades 1.x: its README, "Unattended-Upgrade::Package-Blacklist").
+DRIVER_PACKAGE_PATTERNS = (
+    "nvidia-",
+    "libnvidia-",
+    "libcuda1",
+    "libnvcuvid",
+    "libnvoptix",
+    "firmware-nvidia-",
+    "cuda-drivers",
+    "libxnvctrl",
+    "xserver-xorg-video-nvidia",
+    "nvlsm",
+    "libnvsdm",
+)
+# What needrestart must never restart on its own ($nrconf{override_rc}: needrestart.conf's own example).
+NO_AUTO_RESTART = ("nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm", "vllm@", "gemmaserve")
 
 
 class NvidiaKernelModule(FactBase[dict | None]):
@@ -62,26 +111,46 @@ class NvidiaKernelModule(FactBase[dict | None]):
         return None
 
 
-class NvidiaGpuCount(FactBase[int]):
-    """NVIDIA GPUs on the PCI bus (3D and VGA controllers, not NVSwitch bridges), driver or not:
+class NvidiaPciDevices(FactBase[dict]):
+    """NVIDIA devices on the PCI bus, from `lspci -nn -D` or, where pciutils is not installed yet, from
+    /sys/bus/pci/devices (the same slots, classes and ids), so nothing has to be installed first:
 
     .. code:: python
 
-        8
+        {"gpus": [("0000:18:00.0", "2330")], "nvswitches": [("0000:05:00.0", "22a3")]}
     """
 
-    def requires_command(self) -> str:
-        return "lspci"
-
     def command(self) -> str:
-        return "lspci -n -d 10de: | awk '$2 ~ /^030[02]:/' | wc -l"
+        sysfs = (
+            'for d in /sys/bus/pci/devices/*; do [ "$(cat $d/vendor)" = 0x10de ] && '
+            'printf "%s %s: 10de:%s\\n" "${d##*/}" "$(cut -c3-6 $d/class)" "$(cut -c3-6 $d/device)"; done; true'
+        )
+        return f"if command -v lspci >/dev/null 2>&1; then lspci -nn -D -d {NVIDIA_VENDOR}:; else {sysfs}; fi"
 
-    def process(self, output: list[str]) -> int:
-        return int(output[0]) if output else 0
+    def process(self, output: list[str]) -> dict:
+        return parse_pci_devices(output)
 
     @staticmethod
-    def default() -> int:
-        return 0
+    def default() -> dict:
+        return {"gpus": [], "nvswitches": []}
+
+
+def parse_pci_devices(lines: list[str]) -> dict:
+    """`lspci -nn -D` lines ("0000:18:00.0 3D controller [0302]: ... [10de:2330] (rev a1)") or the sysfs
+    form ("0000:18:00.0 0302: 10de:2330") -> GPUs (classes 0300/0302) and NVSwitches."""
+    found: dict = {"gpus": [], "nvswitches": []}
+    for line in lines:
+        slot = line.split(" ", 1)[0]
+        klass = re.search(r"\[([0-9a-f]{4})\]:", line) or re.match(r"^\S+\s+([0-9a-f]{4}):", line)
+        ids = re.findall(rf"{NVIDIA_VENDOR}:([0-9a-f]{{4}})", line)
+        if not (klass and ids):
+            continue
+        device = ids[0]
+        if klass.group(1) in ("0300", "0302"):
+            found["gpus"].append((slot, device))
+        elif klass.group(1) == "0680" or device in NVSWITCH_DEVICE_IDS:
+            found["nvswitches"].append((slot, device))
+    return found
 
 
 class NvidiaDockerRuntime(FactBase[bool]):
@@ -99,24 +168,52 @@ class NvidiaDockerRuntime(FactBase[bool]):
         return bool(output) and output[0].strip() == "yes"
 
 
+class NvidiaTopology(FactBase[str | None]):
+    """`nvidia-smi topo -m` while a driver is loaded (gemmaserve.topology parses it), else None."""
+
+    def command(self) -> str:
+        return "test -e /proc/driver/nvidia/version && nvidia-smi topo -m 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str | None:
+        text = "\n".join(output)
+        return text if "GPU0" in text else None
+
+
 def cuda_distro(distribution: dict) -> str:
     """`server.LinuxDistribution` -> the CUDA repository's distro name (ubuntu2204, ubuntu2404, debian12)."""
     return distro_name(distribution, CUDA_DISTROS, "NVIDIA driver")
 
 
 def driver_package(open_modules: bool) -> str:
-    # NVIDIA's metapackages: nvidia-open (open modules) or cuda-drivers (proprietary), both compute + persistenced.
+    # NVIDIA's metapackages on Debian and Ubuntu: nvidia-open (open modules) or cuda-drivers (proprietary).
     return "nvidia-open" if open_modules else "cuda-drivers"
 
 
-def pin_text(branch: int) -> str:
-    """apt preferences holding every NVIDIA driver package on one branch (a downgrade wins at 1001)."""
-    return (
-        f"# gemmaserve: NVIDIA driver branch {branch} (roles/nvidia)\n"
-        "Package: nvidia-* libnvidia-* cuda-drivers* libxnvctrl* xserver-xorg-video-nvidia* libnvsdm* libnvidia-nscq*\n"
-        f"Pin: version /^([0-9]+:)?{branch}\\./\n"
-        "Pin-Priority: 1001\n"
-    )
+def pinning_package(branch: int) -> str:
+    """NVIDIA's branch lock for apt (driver installation guide, "Version locking", APT): it pins every driver
+    package (libcuda1, firmware, GL/EGL libraries included) to the branch, which gemmaserve's own pattern
+    could not; without it `cuda-drivers-580` depends on `nvidia-driver (>= 580.65.06)` and pulls 590
+    (forums.developer.nvidia.com/t/353805). Install it before the driver (the guide's own advice)."""
+    return f"nvidia-driver-pinning-{branch}"
+
+
+def fabric_manager_package(branch: int) -> str:
+    """From branch 580 the package is `nvidia-fabricmanager` (the branch moved into its version); below it,
+    `nvidia-fabricmanager-<branch>` (github.com/Azure/azhpc-images components/install_nvidia_fabric_manager.sh,
+    and NVIDIA/apt-packaging-fabric-manager's control template for the older names)."""
+    return "nvidia-fabricmanager" if branch >= 580 else f"nvidia-fabricmanager-{branch}"
+
+
+def kernel_header_packages(kernel: str, packages: dict) -> list[str]:
+    """Headers for the running kernel and for every kernel metapackage installed (linux-image-amd64,
+    linux-image-cloud-amd64, linux-image-generic, linux-image-gcp, ...), so a kernel upgrade brings its
+    headers and DKMS builds the driver for it before the next boot."""
+    wanted = [f"linux-headers-{kernel}"]
+    for name in sorted(packages):
+        flavour = name.removeprefix("linux-image-")
+        if name.startswith("linux-image-") and flavour and not flavour[0].isdigit() and "unsigned" not in flavour:
+            wanted.append(f"linux-headers-{flavour}")
+    return wanted
 
 
 def _on_branch(version: str | None, branch: int) -> bool:
@@ -124,10 +221,8 @@ def _on_branch(version: str | None, branch: int) -> bool:
 
 
 @operation()
-def driver(branch: int, open_modules: bool):
-    """Install NVIDIA's CUDA repository keyring, pin the driver branch, install the driver metapackage."""
-    distro = cuda_distro(host.get_fact(LinuxDistribution))
-    repo = CUDA_REPO.format(distro=distro)
+def driver(branch: int, open_modules: bool, repo: str, headers: list[str]):
+    """NVIDIA's repository keyring, the branch's pinning package, then the driver metapackage and headers."""
     refresh = False
     if installed_version("cuda-keyring") is None:
         yield (
@@ -135,39 +230,48 @@ def driver(branch: int, open_modules: bool):
             f" && rm -f /tmp/{CUDA_KEYRING}"
         )
         refresh = True
-    wanted_pin = pin_text(branch)
-    if "\n".join(host.get_fact(FileContents, path=PIN_FILE) or []) + "\n" != wanted_pin:
-        yield FileUploadCommand(StringIO(wanted_pin), PIN_FILE)
+    if host.get_fact(File, path=OLD_PIN_FILE):
+        yield f"rm -f {OLD_PIN_FILE}"
         refresh = True
+    pinning = pinning_package(branch)
     package = driver_package(open_modules)
-    if _on_branch(installed_version(package), branch):
-        if not refresh:
-            host.noop(f"{package} {branch} is installed")
+    missing_headers = [h for h in headers if installed_version(h) is None]
+    pinned = installed_version(pinning) is not None
+    if pinned and _on_branch(installed_version(package), branch) and not missing_headers and not refresh:
+        host.noop(f"{package} {branch} is installed, held by {pinning}; kernel headers present")
         return
     yield f"{APT_GET} update"
+    if not pinned:
+        # Its own transaction, so apt resolves the driver with the pin in place. It Conflicts/Provides
+        # nvidia-driver-pinning, so another branch's pin is replaced.
+        yield f"{APT_GET} --allow-downgrades install {pinning}"
     other = driver_package(not open_modules)
     # --allow-downgrades: a branch change down (e.g. 590 -> 580) is a downgrade apt must be allowed.
     yield (
-        f"{APT_GET} --allow-downgrades install linux-headers-$(uname -r) {package}"
+        f"{APT_GET} --allow-downgrades install {' '.join(headers)} {package}"
         + (f" {other}-" if installed_version(other) else "")
     )
 
 
 @operation()
-def fabric_manager(interconnect: str, gpu_count: int, open_modules: bool):
-    """Install NVIDIA fabric manager at exactly the driver's version, on NVSwitch systems only."""
-    if interconnect != "nvswitch" or gpu_count < 8:
-        # HGX boards (8 SXM GPUs) route NVLink through NVSwitches that fabric manager must train;
-        # PCIe cards and partial slices have no switches to manage.
-        host.noop(f"{interconnect} x {gpu_count}: no NVSwitch fabric to manage")
+def fabric_manager(install: bool, nvlink5: bool, branch: int, open_modules: bool):
+    """Fabric manager at exactly the driver's upstream version (and NVLSM on NVLink 5), NVSwitch hosts only."""
+    if not install:
+        host.noop("no NVSwitch on the PCI bus: no fabric to manage")
         return
-    package = driver_package(open_modules)
-    wanted = installed_version(package)
-    if wanted is not None and installed_version(FABRIC_MANAGER) == wanted:
-        host.noop(f"{FABRIC_MANAGER} {wanted} matches the driver")
+    package = fabric_manager_package(branch)
+    driver_version = installed_version(driver_package(open_modules))
+    fm_version = installed_version(package)
+    same = driver_version and fm_version and upstream_version(fm_version) == upstream_version(driver_version)
+    need_nvlsm = nvlink5 and installed_version(NVLSM) is None
+    if same and not need_nvlsm:
+        host.noop(f"{package} {fm_version} matches the driver {driver_version}")
         return
-    # The driver may be installed by this same deploy: read its version when the command runs.
-    yield (f"{APT_GET} --allow-downgrades install \"{FABRIC_MANAGER}=$(dpkg-query -W -f='${{Version}}' {package})\"")
+    # Debian revisions of the two packages may differ (580.126.20-1 vs -0ubuntu1): match the upstream
+    # version with apt's version glob, read when the command runs (the driver may be installed just before).
+    query = f"dpkg-query -W -f='${{Version}}' {driver_package(open_modules)} | sed 's/^[0-9]*://; s/-[^-]*$//'"
+    extra = f" {NVLSM}" if nvlink5 else ""
+    yield f'{APT_GET} --allow-downgrades install "{package}=$({query})-*"{extra}'
 
 
 @operation()
@@ -222,44 +326,119 @@ def open_modules_for(accelerator: str, wanted: bool | None) -> bool:
     return True if wanted is None else bool(wanted)
 
 
+def devices_unit(gpu_count: int) -> str:
+    return render(TEMPLATES / f"{DEVICES_UNIT}.j2", minors=list(range(gpu_count)))
+
+
+def unattended_upgrades_conf() -> str:
+    return render(TEMPLATES / "51gemmaserve-nvidia.j2", patterns=DRIVER_PACKAGE_PATTERNS)
+
+
+def needrestart_conf() -> str:
+    return render(TEMPLATES / "needrestart-gemmaserve.conf.j2", units=NO_AUTO_RESTART)
+
+
+def persistenced_dropin() -> str:
+    return render(TEMPLATES / "nvidia-persistenced.conf.j2")
+
+
 @deploy("Install the NVIDIA driver", data_defaults=Settings.defaults())
 def nvidia(serving: Plan) -> None:
     settings = Settings.from_host(host)
     branch = settings.driver_branch
     open_modules = open_modules_for(serving.accelerator.name, settings.driver_open)
     wanted_gpus = serving.spec.accelerator.count
-    found = host.get_fact(NvidiaGpuCount)
+    pci = host.get_fact(NvidiaPciDevices)
+    found = len(pci["gpus"])
     if found < wanted_gpus:
-        raise ValueError(f"{host.name}: the plan wants {wanted_gpus} NVIDIA GPUs, lspci shows {found}")
+        raise ValueError(f"{host.name}: the plan wants {wanted_gpus} NVIDIA GPUs, the PCI bus shows {found}")
+    nvlink5 = any(device in NVLINK5_GPU_DEVICE_IDS for _, device in pci["gpus"])
+    with_fabric = settings.fabric_manager if settings.fabric_manager is not None else bool(pci["nvswitches"]) or nvlink5
     apt.packages(name="Install DKMS prerequisites", packages=["dkms", "curl", "pciutils"], no_recommends=True)
+    repo = settings.repo_url.format(distro=cuda_distro(host.get_fact(LinuxDistribution)))
+    headers = kernel_header_packages(host.get_fact(KernelVersion), host.get_fact(DebPackages))
     driver(
         name=f"Install NVIDIA driver branch {branch} ({'open' if open_modules else 'proprietary'} modules)",
         branch=branch,
         open_modules=open_modules,
+        repo=repo,
+        headers=headers,
     )
     fabric_manager(
-        name="Install NVIDIA fabric manager (NVSwitch systems)",
-        interconnect=serving.accelerator.interconnect,
-        gpu_count=wanted_gpus,
+        name="Install NVIDIA fabric manager (NVSwitches on the PCI bus)",
+        install=with_fabric,
+        nvlink5=nvlink5,
+        branch=branch,
         open_modules=open_modules,
     )
     if serving.engine.kind == "container":
         apt.packages(name="Install Docker", packages=["docker.io"], no_recommends=True)
     container_toolkit(name="Install the NVIDIA container toolkit", engine=serving.engine.kind)
+    _host_files(found)
     reboot_for_driver(
         name="Reboot into the new NVIDIA driver",
         branch=branch,
         open_modules=open_modules,
         allow_reboot=allow_reboot(settings.allow_reboot, host.data.dict()),
     )
-    # Persistence mode keeps the driver initialised between replica restarts (no multi-second re-init).
-    _start_driver_services(serving)
+    _start_driver_services(with_fabric)
 
 
-def _start_driver_services(serving: Plan) -> None:
-    services = ["nvidia-persistenced"]
-    if serving.accelerator.interconnect == "nvswitch" and serving.spec.accelerator.count >= 8:
-        services.append("nvidia-fabricmanager")
+def _host_files(gpu_count: int) -> None:
+    """Units, drop-ins and apt/needrestart settings the driver stack needs, and the replicas' preflight."""
+    dropin_dir = str(Path(PERSISTENCED_DROPIN).parent)
+    paths = [
+        f"/etc/systemd/system/{DEVICES_UNIT}",
+        dropin_dir,
+        PERSISTENCED_DROPIN,
+        UNATTENDED_UPGRADES_CONF,
+        "/etc/needrestart/conf.d",
+        NEEDRESTART_CONF,
+        LIB_DIR,
+        GPU_PREFLIGHT,
+    ]
+    now = HostState(host, paths=paths, units=[DEVICES_UNIT])
+    unit = managed_file(
+        name=f"Install {DEVICES_UNIT} (modules and device nodes before any replica)",
+        dest=paths[0],
+        content=devices_unit(gpu_count),
+        current=now.path(paths[0]),
+    )
+    managed_directory(
+        name="Create the nvidia-persistenced drop-in directory", path=dropin_dir, current=now.path(dropin_dir)
+    )
+    dropin = managed_file(
+        name="Turn persistence mode on (nvidia-persistenced drop-in)",
+        dest=PERSISTENCED_DROPIN,
+        content=persistenced_dropin(),
+        current=now.path(PERSISTENCED_DROPIN),
+    )
+    systemd.daemon_reload(name="Reload systemd units", _if=lambda: unit.did_change() or dropin.did_change())
+    managed_service(name=f"Enable {DEVICES_UNIT}", service=DEVICES_UNIT, current=now.unit(DEVICES_UNIT), running=None)
+    managed_file(
+        name="Keep unattended-upgrades off the driver stack",
+        dest=UNATTENDED_UPGRADES_CONF,
+        content=unattended_upgrades_conf(),
+        current=now.path(UNATTENDED_UPGRADES_CONF),
+    )
+    managed_directory(name="Create /etc/needrestart/conf.d", path=paths[4], current=now.path(paths[4]))
+    managed_file(
+        name="Keep needrestart from restarting the driver daemons and replicas",
+        dest=NEEDRESTART_CONF,
+        content=needrestart_conf(),
+        current=now.path(NEEDRESTART_CONF),
+    )
+    managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
+    managed_file(
+        name="Install the GPU preflight",
+        dest=GPU_PREFLIGHT,
+        content=program_source("nvidia", "gpu_preflight.py"),
+        current=now.path(GPU_PREFLIGHT),
+    )
+
+
+def _start_driver_services(with_fabric: bool) -> None:
+    services = ["nvidia-persistenced"] + (["nvidia-fabricmanager"] if with_fabric else [])
     # Without a loaded module (a reboot pending but not allowed) the daemons cannot start yet:
     # enable them so the next boot does.
     loaded = host.get_fact(NvidiaKernelModule) is not None

@@ -14,9 +14,10 @@ from pyinfra.operations import files, server, systemd
 
 from gemmaserve.plan import STATE_DIR, Plan, ReplicaPlan
 from roles._lib.facts import HostState, PathState
-from roles._lib.managed import managed_file, managed_service, same_content
+from roles._lib.managed import managed_directory, managed_file, managed_service, same_content
 from roles._lib.programs import (
     ARGCHECK,
+    GPU_PREFLIGHT,
     HAPROXY_ADMIN,
     LIB_DIR,
     STORAGE_EMULATOR_KEY,
@@ -57,6 +58,24 @@ class Settings(RoleSettings):
 
 def env_path(index: int) -> str:
     return f"/etc/gemmaserve/replica-{index}.env"
+
+
+def affinity_dropin_path(index: int) -> str:
+    return f"/etc/systemd/system/vllm@{index}.service.d/gemmaserve-affinity.conf"
+
+
+def affinity_dropin(replica: ReplicaPlan) -> str | None:
+    """CPUs and memory of the NUMA node the replica's GPUs hang off (gemmaserve.topology), or None."""
+    if not replica.cpu_affinity:
+        return None
+    lines = [
+        "# Rendered by gemmaserve (roles/replicas): the CPUs and NUMA node local to this replica's GPUs.",
+        "[Service]",
+    ]
+    lines.append(f"CPUAffinity={replica.cpu_affinity.replace(',', ' ')}")
+    if replica.numa_node is not None:
+        lines += ["NUMAPolicy=bind", f"NUMAMask={replica.numa_node}"]
+    return "\n".join(lines) + "\n"
 
 
 def replica_args(replica: ReplicaPlan) -> str:
@@ -136,14 +155,32 @@ def docker_run_flags(serving: Plan) -> str:
 
 
 def device_nodes(serving: Plan) -> list[str]:
+    """DeviceAllow= entries. Device classes (char-NAME) are the names in /proc/devices, which systemd
+    resolves when the unit starts, so the modules must be loaded by then (the driver roles' units)."""
     vendor = serving.accelerator.vendor
     if vendor == "nvidia":
-        return ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "char-nvidia-frontend"]
+        # nvidia.ko registers major 195 as "nvidia" (minors 0-254, /dev/nvidiaN) and "nvidiactl" (255); the
+        # name "nvidia-frontend" was last registered by the 535 branch (kernel-open/nvidia/nv.c at tags
+        # 545.23.06..580.95.05 of NVIDIA/open-gpu-kernel-modules). systemd allows the whole major per name.
+        # nvidia-uvm.ko takes a dynamic major named "nvidia-uvm" (kernel-open/nvidia-uvm/uvm.c).
+        return ["char-nvidia", "char-nvidia-uvm"]
     if vendor == "amd":
-        return ["/dev/kfd", "char-drm"]
+        # amdkfd registers "kfd" (drivers/gpu/drm/amd/amdkfd/kfd_chardev.c), DRM registers major 226 as "drm".
+        return ["char-kfd", "char-drm"]
     if vendor == "google":
         return ["/dev/vfio/vfio", "char-vfio", "/dev/accel0", "/dev/accel1", "/dev/accel2", "/dev/accel3"]
     return []
+
+
+def driver_units(serving: Plan) -> dict[str, list[str]]:
+    """Units a replica starts after (and which of them it cannot run without)."""
+    if serving.accelerator.vendor != "nvidia":
+        return {"after": [], "requires": [], "wants": []}
+    devices = "gemmaserve-nvidia-devices.service"
+    # Fabric manager must have trained the NVSwitch fabric first, or CUDA returns error 802 and the replica
+    # crash-loops into its start limit. Where it is not installed (PCIe hosts) the Wants= is a no-op.
+    daemons = ["nvidia-persistenced.service", "nvidia-fabricmanager.service"]
+    return {"after": [devices, *daemons], "requires": [devices], "wants": daemons}
 
 
 def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
@@ -158,6 +195,13 @@ def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
         "image": serving.engine.image,
         "docker_flags": docker_run_flags(serving),
         "devices": device_nodes(serving),
+        "driver_units": driver_units(serving),
+        # The GPUs are checked (ECC, row remaps, MIG, fabric state, driver match) before vLLM starts, with
+        # full privileges ("+"), so a sick GPU keeps the replica out of the balancer.
+        "preflight": f"/usr/bin/python3 {GPU_PREFLIGHT}" if serving.accelerator.vendor == "nvidia" else None,
+        # TPU chips are VFIO devices whose DMA buffers are pinned against RLIMIT_MEMLOCK (the kernel's
+        # vfio_pin_pages_remote refuses past it); systemd's default is a few MiB.
+        "memlock": "infinity" if serving.accelerator.vendor == "google" else None,
         "state_dir": STATE_DIR,
         "nofile": settings.nofile,
         "timeout_start": settings.timeout_start,
@@ -173,9 +217,17 @@ def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
 def replicas(serving: Plan) -> None:
     settings = Settings.from_host(host)
     names = [r.unit for r in serving.replicas]
+    dropins = {r.index: affinity_dropin_path(r.index) for r in serving.replicas}
     now = HostState(
         host,
-        paths=[UNIT_PATH, TARGET_PATH, READY, *(env_path(r.index) for r in serving.replicas)],
+        paths=[
+            UNIT_PATH,
+            TARGET_PATH,
+            READY,
+            *(env_path(r.index) for r in serving.replicas),
+            *dropins.values(),
+            *(str(Path(p).parent) for p in dropins.values()),
+        ],
         units=["gemmaserve.target", *names],
     )
     managed_file(
@@ -218,8 +270,12 @@ def replicas(serving: Plan) -> None:
             current=now.path(live),
         )
 
-        def changed(env=env) -> bool:
-            return unit.did_change() or env.did_change()
+        affinity = _affinity(
+            replica, now.path(dropins[replica.index]), now.path(str(Path(dropins[replica.index]).parent))
+        )
+
+        def changed(env=env, affinity=affinity) -> bool:
+            return unit.did_change() or env.did_change() or (affinity is not None and affinity.did_change())
 
         # Rolling restart: no new requests for this replica, its running ones finish, then it restarts;
         # the others keep serving (roles/router/files/haproxy_admin.py).
@@ -242,6 +298,23 @@ def replicas(serving: Plan) -> None:
             commands=[f"{admin} ready {server_name} --timeout 120"],
             _if=changed,
         )
+
+
+def _affinity(replica: ReplicaPlan, current: PathState, folder: PathState):
+    """The replica's CPU/NUMA drop-in, kept in step with the plan (removed when the plan has none)."""
+    path, content = affinity_dropin_path(replica.index), affinity_dropin(replica)
+    if content is None:
+        if current.kind == "file":
+            removed = files.file(name=f"Remove {path} (no CPU affinity planned)", path=path, present=False)
+            systemd.daemon_reload(name="Reload systemd units", _if=removed.did_change)
+            return removed
+        return None
+    managed_directory(name=f"Create {Path(path).parent}", path=str(Path(path).parent), current=folder)
+    written = managed_file(
+        name=f"Pin replica {replica.index} to its GPUs' CPUs and NUMA node", dest=path, content=content, current=current
+    )
+    systemd.daemon_reload(name="Reload systemd units", _if=written.did_change)
+    return written
 
 
 def _owned_env(current: PathState) -> bool:

@@ -27,7 +27,17 @@ FORBIDDEN = (
 
 def test_the_core_is_the_modules_the_layout_names() -> None:
     # vllm_releases: each vLLM release's KV-cache rules, with their source lines (kv_cache applies them)
-    assert CORE_MODULES == ["catalog", "engines", "kv_cache", "plan", "records", "sources", "spec", "vllm_releases"]
+    assert CORE_MODULES == [
+        "catalog",
+        "engines",
+        "kv_cache",
+        "plan",
+        "records",
+        "sources",
+        "spec",
+        "topology",
+        "vllm_releases",
+    ]
 
 
 def test_importing_the_core_loads_no_outer_library() -> None:
