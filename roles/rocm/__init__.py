@@ -3,8 +3,11 @@ the render/video groups for the gemmaserve user, and a reboot only when the load
 
 from __future__ import annotations
 
+import re
+
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
+from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import LinuxDistribution, Users
 from pyinfra.operations import apt
 
@@ -29,6 +32,12 @@ class Settings(RoleSettings):
 
 
 SUPPORTED = {"mi300x", "mi325x", "mi355x"}
+# What amdgpu-install registers: "deb [...] https://repo.radeon.com/rocm/apt/<release> <codename> main"
+# (the repositories apt reads after `amdgpu-install`, e.g. "Get: https://repo.radeon.com/rocm/apt/6.4.1
+# jammy InRelease" in published install logs). Its own package version never names the ROCm release
+# (dpkg shows e.g. 30.20.1.0.30200100-2255209.24.04 for ROCm 7.1's installer), so the repository line is
+# what says which release is configured.
+ROCM_LIST = "/etc/apt/sources.list.d/rocm.list"
 INSTALLER_URL = "https://repo.radeon.com/amdgpu-install/{version}/ubuntu/{codename}/{deb}"
 # ROCm publishes Ubuntu builds; Debian 12 installs the jammy ones (ROCm's Debian instructions do the same).
 CODENAMES = {("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble", ("debian", "12"): "jammy"}
@@ -80,16 +89,22 @@ def ubuntu_codename(distribution: dict) -> str:
     return distro_name(distribution, CODENAMES, "ROCm")
 
 
+def configured_release(lines: list[str] | None) -> str | None:
+    """The ROCm release rocm.list points apt at (repo.radeon.com/rocm/apt/<release>), or None."""
+    for line in lines or []:
+        match = re.search(r"repo\.radeon\.com/rocm/apt/([0-9.]+)\s", line)
+        if match and not line.lstrip().startswith("#"):
+            return match.group(1)
+    return None
+
+
 @operation()
 def rocm_release(version: str, dkms: bool, deb: str | None = None):
     """Install amdgpu-install for the pinned ROCm release, then ROCm (and the amdgpu DKMS driver)."""
     codename = ubuntu_codename(host.get_fact(LinuxDistribution))
     deb = deb or installer_deb(version)
-    installer = installed_version("amdgpu-install")
-    # amdgpu-install's package version is the file name's: 7.2.1.70201-1.
-    wanted_installer = deb.removeprefix("amdgpu-install_").removesuffix("_all.deb")
     changed = False
-    if installer != wanted_installer:
+    if configured_release(host.get_fact(FileContents, path=ROCM_LIST)) != version:
         url = INSTALLER_URL.format(version=version, codename=codename, deb=deb)
         yield f"curl -fsSL -o /tmp/{deb} {url} && {APT_GET} --allow-downgrades install /tmp/{deb} && rm -f /tmp/{deb}"
         yield f"{APT_GET} update"
@@ -102,7 +117,7 @@ def rocm_release(version: str, dkms: bool, deb: str | None = None):
             yield f"{APT_GET} install linux-headers-$(uname -r)"
         yield "amdgpu-install -y --usecase=rocm" + ("" if dkms else " --no-dkms")
         return
-    host.noop(f"ROCm {current} is installed")
+    host.noop(f"ROCm {current} is installed from {ROCM_LIST}")
 
 
 @operation()

@@ -21,8 +21,10 @@ UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 class Settings(RoleSettings):
     prefix = "tpu_"
-    # The XLA compile cache (VLLM_XLA_CACHE_PATH) lives on /dev/shm: tmpfs only reserves what is
-    # written, so this is a ceiling, not an allocation.
+    # The least /dev/shm the XLA compile cache (VLLM_XLA_CACHE_PATH) gets. Never a shrink: a TPU VM's
+    # default /dev/shm is half its RAM (the kernel's tmpfs default), far more than this on a v6e-4 host
+    # (Google's v6e page gives 1536 GiB of DRAM per 8-chip host), so there nothing changes. tmpfs only
+    # reserves what is written: a ceiling, not an allocation.
     shm_size: str = "128G"
 
     @field_validator("shm_size")
@@ -61,20 +63,19 @@ def fstab_line(size: str) -> str:
 
 @operation()
 def shm_size(size: str):
-    """Size /dev/shm now (remount) and at every boot (its /etc/fstab line, which systemd's dev-shm.mount honours)."""
+    """Grow /dev/shm to at least `size` now (remount) and at every boot (its /etc/fstab line, which
+    systemd's dev-shm.mount honours); a larger /dev/shm is left alone."""
     wanted_bytes, wanted_line = size_bytes(size), fstab_line(size)
+    current = host.get_fact(ShmSize)
+    if current >= wanted_bytes:
+        host.noop(f"/dev/shm is {current / 1024**3:.0f} GiB, at least {size}: never shrunk")
+        return
     lines = host.get_fact(FileContents, path=FSTAB) or []
     shm_lines = [line for line in lines if re.match(r"^\s*\S+\s+/dev/shm\s", line)]
-    changed = False
     if shm_lines != [wanted_line]:
         # Drop any other /dev/shm entry, then append ours.
         yield f"sed -i -E '\\#^\\s*\\S+\\s+/dev/shm\\s#d' {FSTAB} && echo '{wanted_line}' >> {FSTAB}"
-        changed = True
-    if host.get_fact(ShmSize) != wanted_bytes:
-        yield f"mount -o remount,size={size} /dev/shm"
-        changed = True
-    if not changed:
-        host.noop(f"/dev/shm is {size}")
+    yield f"mount -o remount,size={size} /dev/shm"
 
 
 @deploy("Prepare the TPU VM", data_defaults=Settings.defaults())

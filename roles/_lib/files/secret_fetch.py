@@ -10,6 +10,12 @@ SECRET is NAME, projects/P/secrets/NAME or projects/P/secrets/NAME/versions/V. T
 from the metadata server (the VM's service account, which holds secretAccessor on this one secret);
 where gcloud is installed and no metadata server answers, `gcloud secrets versions access` is used.
 The secret is never printed, logged or put in an environment variable; errors name the secret only.
+
+At boot the metadata server or the network may not answer yet: connection errors, HTTP 429 and 5xx are
+retried with exponential backoff for GEMMASERVE_FETCH_TIMEOUT seconds (default 120), a progress line per
+retry. The payload is checked against its `dataCrc32c` (Secret Manager stores a CRC32C with every version
+and returns it: SecretPayload in the secretmanager v1 discovery document), so a corrupted secret is never
+written.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 
@@ -29,17 +36,62 @@ import urllib.request
 METADATA_URL = os.environ.get("GEMMASERVE_METADATA_URL", "http://metadata.google.internal/computeMetadata/v1")
 SECRETMANAGER_URL = os.environ.get("GEMMASERVE_SECRETMANAGER_URL", "https://secretmanager.googleapis.com/v1")
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+FETCH_TIMEOUT = float(os.environ.get("GEMMASERVE_FETCH_TIMEOUT", "120"))
+RETRYABLE_HTTP = {429, 500, 502, 503, 504}
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), what Secret Manager's dataCrc32c holds."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = (crc >> 8) ^ _CRC32C[(crc ^ byte) & 0xFF]
+    return crc ^ 0xFFFFFFFF
 
 
 class TokenError(Exception):
     pass
 
 
-def _get(url: str, headers: dict[str, str], timeout: float = 10) -> bytes:
+def _get_once(url: str, headers: dict[str, str], timeout: float = 10) -> bytes:
     request = urllib.request.Request(url, headers=headers)
     opener = _OPENER if url.startswith(METADATA_URL) else urllib.request.build_opener()
     with opener.open(request, timeout=timeout) as response:
         return response.read()
+
+
+def _get(url: str, headers: dict[str, str], deadline: float | None = None) -> bytes:
+    """GET with retries on what passes at boot (no route yet, 429, 5xx); other HTTP errors raise at once."""
+    deadline = deadline if deadline is not None else time.monotonic() + FETCH_TIMEOUT
+    delay, attempt = 1.0, 1
+    while True:
+        try:
+            return _get_once(url, headers)
+        except urllib.error.HTTPError as error:
+            if error.code not in RETRYABLE_HTTP or time.monotonic() + delay > deadline:
+                raise
+            why = f"HTTP {error.code}"
+        except (urllib.error.URLError, OSError) as error:
+            if time.monotonic() + delay > deadline:
+                raise
+            reason = getattr(error, "reason", error)
+            why = reason if isinstance(reason, str) else reason.__class__.__name__
+        where = url.split("/v1/", 1)[0]
+        print(f"gemmaserve: {where} not ready ({why}), retry {attempt} in {delay:.0f} s", file=sys.stderr)
+        time.sleep(delay)
+        delay, attempt = min(delay * 2, 15.0), attempt + 1
 
 
 def resource_name(secret: str, project: str | None) -> str:
@@ -63,7 +115,17 @@ def fetch_with_metadata(secret: str) -> bytes:
         body = json.loads(_get(f"{SECRETMANAGER_URL}/{name}:access", {"Authorization": f"Bearer {token}"}))
     except urllib.error.HTTPError as error:
         raise TokenError(f"Secret Manager refused {name}: HTTP {error.code}") from None
-    return base64.b64decode(body["payload"]["data"])
+    return checked_payload(body.get("payload") or {}, name)
+
+
+def checked_payload(payload: dict, name: str) -> bytes:
+    """The secret's bytes, verified against the CRC32C Secret Manager returns with them."""
+    data = base64.b64decode(payload.get("data", ""))
+    if "dataCrc32c" not in payload:
+        raise TokenError(f"Secret Manager returned {name} without dataCrc32c; refusing an unverified secret")
+    if crc32c(data) != int(payload["dataCrc32c"]):
+        raise TokenError(f"{name}: payload does not match its dataCrc32c (corrupted in transit); not written")
+    return data
 
 
 def fetch_with_gcloud(secret: str) -> bytes:

@@ -12,17 +12,28 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from roles._lib.programs import program_source
+from tests.roles.files.programs import load
 
 SCRIPT = program_source("_lib", "secret_fetch.py")
 TOKEN = "hf_TESTtokenNeverReal0123456789"
 
 
+hf_token = load("secrets", "hf_token")
+
+
 class FakeGoogle(BaseHTTPRequestHandler):
     secrets = {"projects/demo-project/secrets/hf-token/versions/latest": TOKEN}
     seen: list[tuple[str, dict]] = []
+    # Per path: HTTP codes to answer before the real answer (a metadata server or API not ready yet).
+    failures: dict[str, list[int]] = {}
+    # Payload overrides: a wrong or missing dataCrc32c.
+    crc: dict[str, str | None] = {}
 
     def do_GET(self):  # noqa: N802 - http.server's API
         FakeGoogle.seen.append((self.path, dict(self.headers)))
+        pending = FakeGoogle.failures.get(self.path)
+        if pending:
+            return self._send(pending.pop(0), b"not ready")
         if self.path.startswith("/meta/"):
             if self.headers.get("Metadata-Flavor") != "Google":
                 return self._send(403, b"missing Metadata-Flavor")
@@ -35,8 +46,17 @@ class FakeGoogle(BaseHTTPRequestHandler):
                 return self._send(401, b"no")
             name = self.path.removeprefix("/sm/").removesuffix(":access")
             if name in self.secrets:
-                data = base64.b64encode(self.secrets[name].encode()).decode()
-                return self._send(200, json.dumps({"name": name, "payload": {"data": data}}).encode())
+                raw = self.secrets[name].encode()
+                # AccessSecretVersionResponse as the secretmanager v1 discovery document defines it
+                # (google-api-python-client 2.202.0): payload.data (bytes, base64) and payload.dataCrc32c
+                # (int64 as a string).
+                payload = {"data": base64.b64encode(raw).decode(), "dataCrc32c": str(hf_token.crc32c(raw))}
+                if name in FakeGoogle.crc:
+                    if FakeGoogle.crc[name] is None:
+                        del payload["dataCrc32c"]
+                    else:
+                        payload["dataCrc32c"] = FakeGoogle.crc[name]
+                return self._send(200, json.dumps({"name": name, "payload": payload}).encode())
             return self._send(404, b"not found")
         self._send(404, b"?")
 
@@ -64,8 +84,8 @@ def run(secret, out, env):
         [sys.executable, str(SCRIPT), secret, str(out)],
         capture_output=True,
         text=True,
-        env={"PATH": os.environ["PATH"], **env},
-        timeout=30,
+        env={"PATH": os.environ["PATH"], "GEMMASERVE_FETCH_TIMEOUT": "20", **env},
+        timeout=60,
     )
 
 
@@ -103,13 +123,45 @@ def test_no_metadata_server_and_no_gcloud_is_a_clear_error(tmp_path):
         [sys.executable, str(SCRIPT), "hf-token", str(tmp_path / "t")],
         capture_output=True,
         text=True,
-        env={"PATH": "/nonexistent", **env},
+        env={"PATH": "/nonexistent", "GEMMASERVE_FETCH_TIMEOUT": "2", **env},
         timeout=30,
     )
     assert result.returncode == 1 and "no gcloud" in result.stderr
+    # It kept trying for its whole window, saying so, before giving up.
+    assert "not ready (ConnectionRefusedError), retry 1 in 1 s" in result.stderr
 
 
 def test_uses_the_metadata_flavor_header(fake_google, tmp_path):
     FakeGoogle.seen.clear()
     run("hf-token", tmp_path / "t", fake_google)
     assert all(h.get("Metadata-Flavor") == "Google" for path, h in FakeGoogle.seen if path.startswith("/meta/"))
+
+
+def test_crc32c_is_castagnoli() -> None:
+    """The CRC-32C check value of "123456789" is 0xE3069283 (RFC 3720, iSCSI, Appendix B.4)."""
+    assert hf_token.crc32c(b"123456789") == 0xE3069283
+    assert hf_token.crc32c(b"") == 0
+
+
+def test_retries_a_metadata_server_that_is_not_ready_yet(fake_google, tmp_path):
+    FakeGoogle.failures["/meta/instance/service-accounts/default/token"] = [503, 503]
+    FakeGoogle.failures["/sm/projects/demo-project/secrets/hf-token/versions/latest:access"] = [429]
+    out = tmp_path / "t"
+    result = run("hf-token", out, fake_google)
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == TOKEN
+    assert result.stderr.count("not ready (HTTP 503)") == 2 and "not ready (HTTP 429)" in result.stderr
+    assert TOKEN not in result.stderr
+
+
+@pytest.mark.parametrize(("crc", "message"), [("12345", "does not match its dataCrc32c"), (None, "without dataCrc32c")])
+def test_a_payload_that_fails_its_checksum_is_never_written(fake_google, tmp_path, crc, message):
+    name = "projects/demo-project/secrets/hf-token/versions/latest"
+    FakeGoogle.crc[name] = crc
+    try:
+        out = tmp_path / "t"
+        result = run("hf-token", out, fake_google)
+    finally:
+        FakeGoogle.crc.pop(name)
+    assert result.returncode == 1 and message in result.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
