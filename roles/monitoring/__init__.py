@@ -1,5 +1,6 @@
-"""Monitoring: Prometheus scraping every replica's /metrics and HAProxy's exporter, with alerts on a full
-KV cache, queued requests and replicas out of rotation."""
+"""Monitoring: Prometheus scraping every replica's /metrics, HAProxy's exporter and, on NVIDIA hosts, DCGM's
+exporter, with alerts on a full KV cache, queued requests, replicas out of rotation and GPU health (XID
+errors, ECC and row-remap failures, thermal throttling, NVLink errors)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gemmaserve.plan import Plan
 from roles._lib.apt import install_packages
 from roles._lib.facts import HostState
 from roles._lib.managed import managed_directory, managed_file, managed_service
+from roles._lib.programs import program_source
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings
 from roles.router import Settings as RouterSettings
@@ -23,6 +25,15 @@ RULES_DIR = "/etc/prometheus/rules.d"
 RULES = f"{RULES_DIR}/gemmaserve.yml"
 # Debian's prometheus.service runs `/usr/bin/prometheus $ARGS` with ARGS from here.
 ARGS_FILE = "/etc/default/prometheus"
+# DCGM 4 and its Prometheus exporter from NVIDIA's CUDA repository (the nvidia role configures it). The
+# hostengine for CUDA 13 drivers (DCGM user guide, "Installation": datacenter-gpu-manager-4-cuda<major>);
+# the exporter package's name is what an apt-cache listing of NVIDIA's Ubuntu 24.04 repository shows
+# (not confirmed for Debian). Its unit, nvidia-dcgm-exporter.service, runs `/usr/bin/dcgm-exporter -f
+# /etc/dcgm-exporter/default-counters.csv` (NVIDIA/dcgm-exporter packaging/config-files/systemd); the
+# drop-in below points it at gemmaserve's fields and a loopback address (flags -f and -a, pkg/cmd/app.go).
+DCGM_PACKAGES = ["datacenter-gpu-manager-4-cuda13", "datacenter-gpu-manager-exporter"]
+DCGM_COUNTERS = "/etc/gemmaserve/dcgm-counters.csv"
+DCGM_EXPORTER_DROPIN = "/etc/systemd/system/nvidia-dcgm-exporter.service.d/gemmaserve.conf"
 
 
 class Settings(RoleSettings):
@@ -35,6 +46,10 @@ class Settings(RoleSettings):
     kv_cache_threshold: float = 0.85
     queue_for: str = "30s"
     down_for: str = "1m"
+    # How long clocks may be held down by temperature before it is an alert.
+    thermal_for: str = "5m"
+    # Where dcgm-exporter listens on NVIDIA hosts (its default is :9400 on every address).
+    dcgm_listen: str = "127.0.0.1:9400"
 
 
 def prometheus_config(
@@ -53,6 +68,7 @@ def prometheus_config(
         scrape_interval=settings.scrape_interval,
         listen=settings.listen,
         haproxy_stats_port=router.stats_port,
+        dcgm_exporter=settings.dcgm_listen if serving.accelerator.vendor == "nvidia" else None,
     )
 
 
@@ -64,6 +80,16 @@ def alert_rules(serving: Plan, settings: Settings = Settings()) -> str:
         kv_cache_threshold=settings.kv_cache_threshold,
         queue_for=settings.queue_for,
         down_for=settings.down_for,
+        thermal_for=settings.thermal_for,
+        gpu_rules=serving.accelerator.vendor == "nvidia",
+    )
+
+
+def dcgm_exporter_dropin(settings: Settings = Settings()) -> str:
+    return (
+        "# Rendered by gemmaserve (roles/monitoring): gemmaserve's fields, on loopback only.\n"
+        "[Service]\nExecStart=\n"
+        f"ExecStart=/usr/bin/dcgm-exporter -f {DCGM_COUNTERS} -a {settings.dcgm_listen}\n"
     )
 
 
@@ -129,3 +155,45 @@ def monitoring(serving: Plan) -> None:
     managed_service(
         name="Keep Prometheus running", service="prometheus.service", current=now.unit("prometheus.service")
     )
+    if serving.accelerator.vendor == "nvidia":
+        _dcgm(settings)
+
+
+def _dcgm(settings: Settings) -> None:
+    """DCGM's hostengine and exporter with gemmaserve's fields; running once a driver is loaded."""
+    from roles.nvidia import NvidiaKernelModule
+
+    install_packages("Install DCGM and its Prometheus exporter", DCGM_PACKAGES)
+    dropin_dir = DCGM_EXPORTER_DROPIN.rsplit("/", 1)[0]
+    now = HostState(host, paths=["/etc/gemmaserve", DCGM_COUNTERS, dropin_dir, DCGM_EXPORTER_DROPIN])
+    managed_directory(name="Create /etc/gemmaserve", path="/etc/gemmaserve", current=now.path("/etc/gemmaserve"))
+    counters = managed_file(
+        name="Install the DCGM fields gemmaserve alerts on",
+        dest=DCGM_COUNTERS,
+        content=program_source("monitoring", "dcgm-counters.csv"),
+        current=now.path(DCGM_COUNTERS),
+    )
+    managed_directory(name=f"Create {dropin_dir}", path=dropin_dir, current=now.path(dropin_dir))
+    dropin = managed_file(
+        name="Point dcgm-exporter at gemmaserve's fields and loopback",
+        dest=DCGM_EXPORTER_DROPIN,
+        content=dcgm_exporter_dropin(settings),
+        current=now.path(DCGM_EXPORTER_DROPIN),
+    )
+    systemd.daemon_reload(name="Reload systemd units", _if=dropin.did_change)
+    loaded = host.get_fact(NvidiaKernelModule) is not None
+    for service in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
+        systemd.service(
+            name=f"{'Run' if loaded else 'Enable'} {service}",
+            service=service,
+            enabled=True,
+            running=True if loaded else None,
+        )
+    if loaded:
+        systemd.service(
+            name="Restart dcgm-exporter for its new fields",
+            service="nvidia-dcgm-exporter",
+            running=True,
+            restarted=True,
+            _if=lambda: counters.did_change() or dropin.did_change(),
+        )
