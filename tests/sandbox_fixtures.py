@@ -89,14 +89,15 @@ class SandboxTeardown:
             raise KeyboardInterrupt(f"signal {signum}: tearing the sandbox hosts down")
 
 
-def bring_up(indices: list[int], request: pytest.FixtureRequest) -> list[state.Host]:
-    """Up the given hosts; only the ones this call started are torn down afterwards."""
+def bring_up(indices: list[int], request: pytest.FixtureRequest, bind_ro: tuple[str, ...] = ()) -> list[state.Host]:
+    """Up the given hosts (with extra read-only binds, SRC:DST); only the ones this call started are torn
+    down afterwards."""
     from gemmaserve.sandbox import lifecycle
 
     already = {h.name for h in lifecycle.status() if h.running}
     teardown = SandboxTeardown([state.host_name(i) for i in indices if state.host_name(i) not in already])
     request.addfinalizer(teardown)
-    return lifecycle.up_hosts(indices)
+    return lifecycle.up_hosts(indices, bind_ro=bind_ro)
 
 
 @pytest.fixture(scope="session")
