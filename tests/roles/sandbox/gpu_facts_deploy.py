@@ -10,10 +10,13 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api.host import Host
 
-from roles.nvidia import NvidiaDockerRuntime, NvidiaGpuCount, NvidiaKernelModule
+from roles.nvidia import NvidiaDockerRuntime, NvidiaKernelModule, NvidiaPciDevices, NvidiaTopology
 
+# RTX PRO 6000 Blackwell Server Edition's PCI id (10de:2bb5, pci.ids 2026.10.24); a PCIe box has no NVSwitch.
+_gpus = [(f"0000:{0x18 + i:02x}:00.0", "2bb5") for i in range(host.data.gemmaserve_gpu_facts["gpu_count"])]
 FAKE = {
-    NvidiaGpuCount: host.data.gemmaserve_gpu_facts["gpu_count"],
+    NvidiaPciDevices: {"gpus": _gpus, "nvswitches": []},
+    NvidiaTopology: None,
     NvidiaKernelModule: host.data.gemmaserve_gpu_facts.get("kernel_module"),
     NvidiaDockerRuntime: host.data.gemmaserve_gpu_facts.get("docker_runtime", False),
 }

@@ -66,8 +66,8 @@ def test_dry_run_succeeds(dry_run):
     "operation",
     [
         "Install the NVIDIA driver |",
-        "Install vllm==0.33.0 into /opt/gemmaserve/venvs/vllm-0.33.0",
-        "Install vLLM 0.33.0's Gemma 4 tool chat template",
+        "Install vllm==0.32.0 into /opt/gemmaserve/venvs/vllm-0.32.0",
+        "Install vLLM 0.32.0's Gemma 4 tool chat template",
         "Check replica 3's vLLM flags with vLLM's own parser, then install them",
         "Drain replica 3 in HAProxy",
         "Install the TLS certificate /etc/gemmaserve/tls.pem",
@@ -80,6 +80,7 @@ def test_dry_run_plans_the_gpu_host_operations(dry_run, operation):
 
 def test_no_fabric_manager_on_a_pcie_host(dry_run):
     assert "fabricmanager" not in dry_run[0].output.lower()
+    assert "no NVSwitch on the PCI bus" in dry_run[0].output
 
 
 def test_token_not_in_dry_run_output(dry_run):
