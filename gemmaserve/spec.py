@@ -9,8 +9,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gemmaserve.catalog import CATALOG, Accelerator, ModelInfo
-from gemmaserve.vllm_releases import UnknownRelease, vllm_release
 from gemmaserve.engines import ENGINE_PINS, pin_for, transformers_allowed
+from gemmaserve.vllm_releases import UnknownRelease, vllm_release
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -97,8 +97,8 @@ def test_calibration_from_the_command_line():
 @pytest.mark.parametrize(
     "stack, accounting",
     [
-        ("gpu8", "vllm 0.33.0: tokens = max concurrency x max_model_len; sliding-window reserve = window + 2 batches"),
-        ("a100", "vllm 0.33.0: tokens = max concurrency x max_model_len"),
+        ("gpu8", "vllm 0.32.0: tokens = max concurrency x max_model_len; sliding-window reserve = window + 2 batches"),
+        ("a100", "vllm 0.32.0: tokens = max concurrency x max_model_len"),
         ("tpu-v6e4", "vllm-tpu 0.32.0 + tpu-inference 0.32.0: every layer full attention"),
         ("tpu-v6e1", "vllm-tpu 0.32.0 + tpu-inference 0.32.0"),
     ],
