@@ -79,6 +79,24 @@ class AmdgpuModule(FactBase[str | None]):
         return output[0].strip() if output and output[0].strip() else None
 
 
+class RocmSmiGpus(FactBase[int | None]):
+    """GPUs `rocm-smi` lists once ROCm is installed (its concise table: one `N  [0xDEVICE : 0xREV]` row per
+    GPU), or None before ROCm is there:
+
+    .. code:: python
+
+        8
+    """
+
+    def command(self) -> str:
+        return "command -v rocm-smi >/dev/null 2>&1 && rocm-smi 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> int | None:
+        if not any("ROCm System Management Interface" in line for line in output):
+            return None
+        return sum(1 for line in output if re.match(r"^\d+\s+\[0x[0-9a-f]+ : 0x[0-9a-f]+\]", line))
+
+
 def installer_deb(version: str) -> str:
     """ROCm 7 names the installer with its release and a 5-digit build: 7.2.1 -> ..._7.2.1.70201-1_all.deb."""
     major, minor, patch = (int(p) for p in (version.split(".") + ["0", "0"])[:3])
@@ -159,6 +177,11 @@ def rocm(serving: Plan) -> None:
     if serving.accelerator.name not in SUPPORTED:
         raise ValueError(f"{serving.accelerator.name}: the rocm role supports {', '.join(sorted(SUPPORTED))}")
     settings = Settings.from_host(host)
+    found = host.get_fact(RocmSmiGpus)
+    if found is not None and found < serving.spec.accelerator.count:
+        raise ValueError(
+            f"{host.name}: the plan wants {serving.spec.accelerator.count} AMD GPUs, rocm-smi lists {found}"
+        )
     version, dkms = settings.version, settings.dkms
     apt.packages(name="Install ROCm prerequisites", packages=["curl", "ca-certificates", "gnupg"], no_recommends=True)
     rocm_release(
