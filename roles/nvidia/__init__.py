@@ -16,7 +16,7 @@ from pyinfra.facts.server import KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, systemd
 
 from gemmaserve.plan import Plan
-from roles._lib.apt import APT_GET, installed_version, upstream_version
+from roles._lib.apt import APT_GET, install_packages, installed_version, upstream_version
 from roles._lib.distro import distro_name
 from roles._lib.facts import HostState
 from roles._lib.managed import managed_directory, managed_file, managed_service
@@ -354,7 +354,8 @@ def nvidia(serving: Plan) -> None:
         raise ValueError(f"{host.name}: the plan wants {wanted_gpus} NVIDIA GPUs, the PCI bus shows {found}")
     nvlink5 = any(device in NVLINK5_GPU_DEVICE_IDS for _, device in pci["gpus"])
     with_fabric = settings.fabric_manager if settings.fabric_manager is not None else bool(pci["nvswitches"]) or nvlink5
-    apt.packages(name="Install DKMS prerequisites", packages=["dkms", "curl", "pciutils"], no_recommends=True)
+    # Package lists are refreshed first unless apt updated them in the last hour (a fresh image has none).
+    install_packages("Install DKMS prerequisites", ["dkms", "curl", "pciutils"])
     repo = settings.repo_url.format(distro=cuda_distro(host.get_fact(LinuxDistribution)))
     headers = kernel_header_packages(host.get_fact(KernelVersion), host.get_fact(DebPackages))
     driver(

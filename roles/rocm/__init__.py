@@ -12,7 +12,7 @@ from pyinfra.facts.server import LinuxDistribution, Users
 from pyinfra.operations import apt
 
 from gemmaserve.plan import Plan
-from roles._lib.apt import APT_GET, installed_version, upstream_version
+from roles._lib.apt import APT_GET, install_packages, installed_version, upstream_version
 from roles._lib.distro import distro_name
 from roles._lib.reboot import allow_reboot, reboot_for
 from roles._lib.settings import RoleSettings
@@ -183,7 +183,7 @@ def rocm(serving: Plan) -> None:
             f"{host.name}: the plan wants {serving.spec.accelerator.count} AMD GPUs, rocm-smi lists {found}"
         )
     version, dkms = settings.version, settings.dkms
-    apt.packages(name="Install ROCm prerequisites", packages=["curl", "ca-certificates", "gnupg"], no_recommends=True)
+    install_packages("Install ROCm prerequisites", ["curl", "ca-certificates", "gnupg"])
     rocm_release(
         name=f"Install ROCm {version}" + (" with the amdgpu DKMS driver" if dkms else ""),
         version=version,
