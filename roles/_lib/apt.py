@@ -16,9 +16,9 @@ APT_GET = (
 
 
 def installed_version(package: str) -> str | None:
-    """The installed version of `package` (pyinfra's DebPackages), or None."""
-    versions = host.get_fact(DebPackages).get(package) or []
-    return versions[0] if versions else None
+    """The installed version of `package` (pyinfra's DebPackages, a set of versions per package), or None."""
+    versions = sorted(host.get_fact(DebPackages).get(package) or [])
+    return versions[-1] if versions else None
 
 
 def upstream_version(version: str) -> str:
