@@ -18,7 +18,7 @@ SCRIPT = program_source("_lib", "secret_fetch.py")
 TOKEN = "hf_TESTtokenNeverReal0123456789"
 
 
-hf_token = load("secrets", "hf_token")
+secret_fetch = load("_lib", "secret_fetch")
 
 
 class FakeGoogle(BaseHTTPRequestHandler):
@@ -50,7 +50,7 @@ class FakeGoogle(BaseHTTPRequestHandler):
                 # AccessSecretVersionResponse as the secretmanager v1 discovery document defines it
                 # (google-api-python-client 2.202.0): payload.data (bytes, base64) and payload.dataCrc32c
                 # (int64 as a string).
-                payload = {"data": base64.b64encode(raw).decode(), "dataCrc32c": str(hf_token.crc32c(raw))}
+                payload = {"data": base64.b64encode(raw).decode(), "dataCrc32c": str(secret_fetch.crc32c(raw))}
                 if name in FakeGoogle.crc:
                     if FakeGoogle.crc[name] is None:
                         del payload["dataCrc32c"]
@@ -139,8 +139,8 @@ def test_uses_the_metadata_flavor_header(fake_google, tmp_path):
 
 def test_crc32c_is_castagnoli() -> None:
     """The CRC-32C check value of "123456789" is 0xE3069283 (RFC 3720, iSCSI, Appendix B.4)."""
-    assert hf_token.crc32c(b"123456789") == 0xE3069283
-    assert hf_token.crc32c(b"") == 0
+    assert secret_fetch.crc32c(b"123456789") == 0xE3069283
+    assert secret_fetch.crc32c(b"") == 0
 
 
 def test_retries_a_metadata_server_that_is_not_ready_yet(fake_google, tmp_path):
