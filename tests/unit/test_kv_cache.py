@@ -4,6 +4,7 @@ whole grid in tests/vllm/test_kv_oracle.py; these tests pin the rules and the re
 import pytest
 
 from gemmaserve.catalog import CATALOG, GiB
+from gemmaserve.engines import engine_pin
 from gemmaserve.kv_cache import (
     kv_capacity,
     kv_layout,
@@ -155,13 +156,12 @@ def test_sliding_window_reserve_counts_two_batches_in_flight_since_0_26():
     "alias, tp, max_model_len, overstated",
     [("31b", 2, 16384, 0.659), ("31b", 2, 32768, 0.655), ("31b", 2, 131072, 0.367), ("e2b", 1, 131072, 0.110)],
 )
-def test_old_reserve_overstates_0_33_concurrency(alias, tp, max_model_len, overstated):
-    """The 1x formula overstates a default 0.33 GPU plan (8192 batched tokens, async) by ~10-65 %."""
+def test_old_reserve_overstates_the_default_pins_concurrency(alias, tp, max_model_len, overstated):
+    """The 1x formula overstates a default GPU plan (the pinned 0.32.0, 8192 batched tokens, async) by ~10-65 %."""
+    pinned = release(engine_pin("nvidia").vllm_version)
     layout = kv_layout(CATALOG.model(alias), tp, "auto", 16)
-    new = kv_capacity(
-        layout, 30 * GiB, max_model_len, release("0.33.0").in_flight_tokens(8192, True), release("0.33.0")
-    )
-    old = kv_capacity(layout, 30 * GiB, max_model_len, 8192, release("0.33.0"))
+    new = kv_capacity(layout, 30 * GiB, max_model_len, pinned.in_flight_tokens(8192, True), pinned)
+    old = kv_capacity(layout, 30 * GiB, max_model_len, 8192, pinned)
     assert round(old.max_concurrency / new.max_concurrency - 1, 3) == overstated
 
 
