@@ -196,7 +196,8 @@ def show(host, unit: str, *properties: str) -> dict[str, str]:
 
 
 def device_allow(shown: dict[str, str]) -> list[str]:
-    """The unit's own DeviceAllow= entries: ProtectClock=yes adds "char-rtc r" (systemd.exec(5))."""
+    """The unit's own DeviceAllow= entries, in systemd's (sorted) order: ProtectClock=yes adds "char-rtc r"
+    (systemd.exec(5))."""
     entries = shown["DeviceAllow"].splitlines()
     assert "char-rtc r" in entries, entries
     return [e for e in entries if e != "char-rtc r"]
@@ -226,7 +227,7 @@ def test_nvidia_unit_passes_systemd_analyze_and_shows_its_policy(gpu_host):
         "NUMAMask",
     )
     assert shown["DevicePolicy"] == "closed"
-    assert device_allow(shown) == ["char-nvidia rw", "char-nvidia-uvm rw"]
+    assert device_allow(shown) == sorted(["char-nvidia rw", "char-nvidia-uvm rw"])
     after = shown["After"].split()
     for unit in ("gemmaserve-nvidia-devices.service", "nvidia-persistenced.service", "nvidia-fabricmanager.service"):
         assert unit in after
@@ -283,7 +284,7 @@ def test_amd_and_tpu_units_pass_systemd_analyze(gpu_host, spec, allow, memlock):
     assert "Unknown" not in verify.stdout + verify.stderr
     shown = show(host, "vllm@0.service", "DeviceAllow", "LimitMEMLOCK", "Requires")
     if allow:
-        assert device_allow(shown) == allow
+        assert device_allow(shown) == sorted(allow)
     assert (shown["LimitMEMLOCK"] == "infinity") is (memlock == "infinity"), shown["LimitMEMLOCK"]
     assert "gemmaserve-nvidia-devices.service" not in shown["Requires"]
 
