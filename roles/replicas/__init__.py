@@ -12,7 +12,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.server import Command
 from pyinfra.operations import files, server, systemd
 
-from gemmaserve.plan import HOST_GPUS_ENV, STATE_DIR, Plan, ReplicaPlan
+from gemmaserve.plan import STATE_DIR, Plan, ReplicaPlan
 from roles._lib.facts import HostState, PathState
 from roles._lib.managed import managed_directory, managed_file, managed_service, same_content
 from roles._lib.programs import (
@@ -145,11 +145,7 @@ def docker_run_flags(serving: Plan) -> str:
     if serving.spec.secret:
         flags.append("-v ${CREDENTIALS_DIRECTORY}:/run/credentials/vllm@%i.service:ro")
     if vendor == "nvidia":
-        # docker reads --gpus as one CSV record: device=2,3 unquoted is DeviceIDs [2] plus a stray field,
-        # so the value carries its own quotes ("device=2,3", docker's GPU docs:
-        # https://docs.docker.com/engine/containers/resource_constraints/#gpu). systemd keeps the escaped
-        # quotes inside the word and substitutes the replica's host indices at start.
-        flags.append(f'--gpus "\\"device=${{{HOST_GPUS_ENV}}}\\""')
+        flags.append("--gpus device=${CUDA_VISIBLE_DEVICES}")
     elif vendor == "amd":
         flags += ["--device=/dev/kfd", "--device=/dev/dri", "--group-add=video", "--security-opt=seccomp=unconfined"]
     elif vendor == "google":

@@ -148,8 +148,7 @@ def main(argv: list[str]) -> int:
     problems, warnings = preflight(
         result.stdout,
         loaded_module_version(args.proc_version),
-        # In a container replica CUDA_VISIBLE_DEVICES is the container's numbering; the host's is here.
-        os.environ.get("GEMMASERVE_HOST_GPUS") or os.environ.get("CUDA_VISIBLE_DEVICES"),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
         os.environ.get("CUDA_DEVICE_ORDER"),
         args.fabric,
     )
