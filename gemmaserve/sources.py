@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gemmaserve.spec import Spec, SpecError, parse_spec
+from gemmaserve.spec import Spec, SpecError, parse_spec, validate_model
 
 NAMESPACE = "gemmaserve"
 # The spec's own top-level fields, as the model declares them.
@@ -24,7 +26,31 @@ HOST_OTHER_KEYS = (
     "gemmaserve_allow_reboot",
     "gemmaserve_gpu_facts",
     "gemmaserve_storage_emulator_host",
+    "gemmaserve_capacity",
 )
+# Cloud resource names of a stack start with this; 20 characters leave room for suffixes everywhere
+# (service account ids allow 30, "-hosts" is appended).
+PREFIX_LENGTH = 20
+
+
+def stack_prefix(stack: str) -> str:
+    """'tpu-v6e4' -> 'gs-tpu-v6e4': lowercase, starts with a letter, at most 20 characters. A longer stack
+    name keeps a hash of the whole, so two long names that share a beginning never share a prefix."""
+    full = ("gs-" + re.sub(r"[^a-z0-9-]", "-", stack.lower())).rstrip("-")
+    if len(full) <= PREFIX_LENGTH:
+        return full
+    digest = hashlib.sha256(stack.encode()).hexdigest()[:4]
+    return f"{full[: PREFIX_LENGTH - 5].rstrip('-')}-{digest}"
+
+
+def stack_secret_name(stack: str, secret: str) -> str:
+    """The Secret Manager secret `secret.secret_manager` means in a stack: a bare NAME is created by the stack
+    as PREFIX-NAME (one per stack: two stacks in a project never fight over one secret); a full
+    projects/P/secrets/NAME path is somebody else's and is used as given."""
+    if secret.startswith("projects/"):
+        return secret
+    name, sep, version = secret.partition("/versions/")
+    return f"{stack_prefix(stack)}-{name}{sep}{version}"
 
 
 def stack_file(stack: str, project_dir: Path = Path(".")) -> Path:
@@ -69,8 +95,23 @@ def load_stack_spec(stack: str, project_dir: Path = Path(".")) -> Spec:
 
 
 def stack_host_data(stack: str, project_dir: Path = Path(".")) -> dict[str, Any]:
-    """A stack's spec as pyinfra host data (`gemmaserve_model`, ...), for inventories of its hosts."""
-    return {f"{HOST_PREFIX}{k}": v for k, v in spec_keys_of(read_stack_config(stack, project_dir)).items()}
+    """A stack's spec as pyinfra host data (`gemmaserve_model`, ...), for inventories of its hosts; the
+    secret is named as the stack created it (stack_secret_name)."""
+    spec = dict(spec_keys_of(read_stack_config(stack, project_dir)))
+    secret = spec.get("secret")
+    if isinstance(secret, Mapping) and isinstance(secret.get("secret_manager"), str):
+        spec["secret"] = {**secret, "secret_manager": stack_secret_name(stack, secret["secret_manager"])}
+    return {f"{HOST_PREFIX}{k}": v for k, v in spec.items()}
+
+
+def capacity_from_host_data(data: Mapping[str, Any], host_name: str = "host"):
+    """`gemmaserve_capacity` (how the host was bought: kind, provisioning) -> HostCapacity; unset: a static host."""
+    from gemmaserve.records import HostCapacity
+
+    value = data.get(f"{HOST_PREFIX}capacity")
+    if value is None:
+        return HostCapacity()
+    return validate_model(HostCapacity, value, f"host data of {host_name}", prefix=("gemmaserve_capacity",))
 
 
 def spec_from_host_data(data: Mapping[str, Any], host_name: str = "host") -> Spec:

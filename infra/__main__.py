@@ -3,12 +3,13 @@ who may call them (API key secret, TLS) and, with several hosts, an HTTPS load b
 
 import pulumi
 from access import EndpointAccess, EndpointAccessArgs
-from config import read_hf_token, read_settings
+from config import FLEX_START_VM_CREATE_TIMEOUT, read_hf_token, read_settings
 from gpu_vm import GpuVm, GpuVmArgs
 from identity import Identity, IdentityArgs
 from image import ServingImage, ServingImageArgs
 from load_balancer import ServingLoadBalancer, ServingLoadBalancerArgs
 from network import HOST_TAG, Network, NetworkArgs
+from project_apis import ProjectApis, ProjectApisArgs
 from secret import HfTokenSecret, HfTokenSecretArgs
 from tpu_slice import TpuSlice, TpuSliceArgs
 from weights_bucket import WeightsBucket, WeightsBucketArgs
@@ -22,6 +23,10 @@ labels = settings.labels
 port = serving_plan.router_port
 lb_region = settings.region if cloud.hosts > 1 else None
 
+# A fresh project has no APIs on: enable them first, and make everything else wait for them.
+apis = ProjectApis(f"{name}-apis", ProjectApisArgs(project=settings.project, tpu=settings.tpu_type is not None))
+after_apis = pulumi.ResourceOptions(depends_on=[apis])
+
 network = Network(
     name,
     NetworkArgs(
@@ -32,19 +37,23 @@ network = Network(
         load_balancer_region=lb_region,
         labels=labels,
     ),
+    after_apis,
 )
-identity = Identity(name, IdentityArgs(project=settings.project, account_id=f"{name}-hosts", stack=settings.stack))
+identity = Identity(
+    name, IdentityArgs(project=settings.project, account_id=f"{name}-hosts", stack=settings.stack), after_apis
+)
 if spec.secret is not None and spec.secret.secret_manager:
     HfTokenSecret(
         f"{name}-hf",
         HfTokenSecretArgs(
             project=settings.project,
-            secret=spec.secret.secret_manager,
+            secret=settings.secret_name(spec.secret.secret_manager),
             accessor_member=identity.member,
             replication=cloud.secret_replication,
             token=read_hf_token(),
             labels=labels,
         ),
+        after_apis,
     )
 weights = serving_plan.weights
 weights_bucket = None
@@ -68,7 +77,7 @@ image = ServingImage(
     ServingImageArgs(
         project=settings.project,
         location=settings.region,
-        repository_id=cloud.image.repository,
+        repository_id=settings.repository_id,
         reader_member=identity.member,
         build=cloud.image.build,
         base_image=spec.image,
@@ -76,6 +85,7 @@ image = ServingImage(
         transformers_version=spec.engine.transformers_version,
         labels=labels,
     ),
+    after_apis,
 )
 
 hosts = []
@@ -88,6 +98,8 @@ if settings.tpu_type is not None:
             accelerator_type=settings.tpu_type.accelerator_type,
             runtime_version=settings.tpu_type.runtime_version,
             provisioning=cloud.provisioning,
+            fallback_provisioning=cloud.fallback_provisioning,
+            flex_start_zones=settings.flex_start_zones,
             reservation=cloud.reservation,
             max_run_seconds=cloud.max_run_seconds,
             valid_until_seconds=cloud.valid_until_seconds,
@@ -98,8 +110,11 @@ if settings.tpu_type is not None:
             enable_external_ips=cloud.allow_external_ip,
             labels=labels,
             tags=[HOST_TAG],
+            create_wait_seconds=cloud.create_wait_seconds,
+            recycle_before_seconds=cloud.recycle_before_seconds,
             protect=cloud.protect,
         ),
+        after_apis,
     )
     hosts.append(
         host_record(
@@ -111,6 +126,7 @@ if settings.tpu_type is not None:
             "tpu-vm",
             settings.tpu_type.accelerator_type,
             serving_plan,
+            tpu.provisioning,
         )
     )
 else:
@@ -138,7 +154,9 @@ else:
                 allow_external_ip=cloud.allow_external_ip,
                 labels=labels,
                 tags=[HOST_TAG],
+                create_timeout=FLEX_START_VM_CREATE_TIMEOUT if cloud.provisioning == "flex-start" else None,
             ),
+            after_apis,
         )
         vms.append(vm)
         hosts.append(
@@ -151,6 +169,7 @@ else:
                 "gce-vm",
                 machine.name,
                 serving_plan,
+                cloud.provisioning,
             )
         )
 
@@ -185,6 +204,7 @@ if lb_region:
             depends_on=[network.proxy_subnet],
             labels=labels,
         ),
+        after_apis,
     )
     endpoint = pulumi.Output.concat("https://", balancer.address, f":{port}/v1")
 else:
