@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -525,3 +526,15 @@ def validate_model(model: type[M], data: Any, source: str, prefix: tuple[str, ..
 def parse_spec(data: dict[str, Any], source: str = "spec") -> Spec:
     """Validate `data` into a Spec, or raise SpecError naming every bad field, value and what is allowed."""
     return validate_model(Spec, data, source, expected="of spec fields")
+
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def parse_duration(value: str) -> timedelta:
+    """'7d', '36h', '1h30m', '90s' -> timedelta; the forms gcloud's --max-run-duration accepts."""
+    match = _DURATION.match(value.strip()) if isinstance(value, str) else None
+    if not match or not any(match.groups()):
+        raise ValueError("not a duration; allowed: a number with d/h/m/s units, e.g. 7d, 36h, 1h30m")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)

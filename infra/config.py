@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from gemmaserve.catalog import GcpMachineType, TpuType
 from gemmaserve.plan import Plan, plan
 from gemmaserve.sources import NAMESPACE, SPEC_KEYS, spec_from_config, stack_prefix, stack_secret_name
-from gemmaserve.spec import Spec, SpecError, Strict, validate_model
+from gemmaserve.spec import Spec, SpecError, Strict, parse_duration, validate_model
 
 # Google's documented ranges: IAP TCP forwarding (SSH without public IPs) and the load balancer
 # health-check probers (cloud.google.com/load-balancing/docs/health-check-concepts).
@@ -35,7 +35,6 @@ HYPERDISK_ONLY_SERIES = ("g4",)
 # (https://cloud.google.com/blog/products/compute/introducing-flex-start-vms-for-the-compute-engine-instance-api):
 # the instance's create timeout covers that and the boot, instead of the provider's default 20 minutes.
 FLEX_START_VM_CREATE_TIMEOUT = "130m"
-_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _ZONE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -44,15 +43,6 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+\d+$")
 _PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 
 Provisioning = Literal["standard", "guaranteed", "spot", "reserved", "flex-start"]
-
-
-def parse_duration(value: str) -> timedelta:
-    """'7d', '36h', '1h30m', '90s' -> timedelta; the forms gcloud's --max-run-duration accepts."""
-    match = _DURATION.match(value.strip()) if isinstance(value, str) else None
-    if not match or not any(match.groups()):
-        raise ValueError("not a duration; allowed: a number with d/h/m/s units, e.g. 7d, 36h, 1h30m")
-    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
-    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
 
 
 class WeightsDisk(Strict):
@@ -287,7 +277,7 @@ class Cloud(Strict):
 
     @property
     def recycle_before_seconds(self) -> int:
-        return int(parse_duration(self.recycle_before).total_seconds()) if self.recycle_before != "0s" else 0
+        return int(parse_duration(self.recycle_before).total_seconds())
 
     @property
     def max_run_seconds(self) -> int | None:

@@ -118,6 +118,9 @@ class GpuVm(pulumi.ComponentResource):
             labels=args.labels,
             tags=args.tags,
             allow_stopping_for_update=True,
+            # A spot VM stopped by preemption (termination_action STOP) is started again by the next
+            # `pulumi up --refresh` (what `gemmaserve capacity watch` runs): refresh sees it TERMINATED.
+            desired_status="RUNNING",
             opts=pulumi.ResourceOptions.merge(
                 child, pulumi.ResourceOptions(custom_timeouts=pulumi.CustomTimeouts(create=args.create_timeout))
             )

@@ -228,7 +228,7 @@ def failure_reason(queued_resource: dict) -> str:
     state = queued_resource.get("state") or {}
     error = (state.get("failedData") or {}).get("error") or {}
     parts = [error.get("message")]
-    if state.get("stateInitiator"):
+    if state.get("stateInitiator") and state.get("state") in ("FAILED", "SUSPENDING", "SUSPENDED"):
         parts.append(f"initiated by {state['stateInitiator']}")
     return "; ".join(p for p in parts if p)
 
