@@ -39,9 +39,12 @@ VM_DOWN = ("TERMINATED", "STOPPED", "SUSPENDED", "GONE")
 
 
 def infra_module(name: str):
-    """An infra/ module, imported the way Pulumi imports it (flat, with infra/ on sys.path)."""
+    """An infra/ module, imported the way Pulumi imports it (flat, with infra/ on sys.path).
+
+    Appended, not prepended: infra/'s flat names (config, hosts, network) never shadow anything else.
+    """
     if str(INFRA) not in sys.path:
-        sys.path.insert(0, str(INFRA))
+        sys.path.append(str(INFRA))
     return __import__(name)
 
 

@@ -450,7 +450,12 @@ def _open_capacity(stack: str, project_dir: Path):
         read_stack_config(stack, project_dir)
     except SpecError as error:
         _fail(f"error: {error}", EXIT_BAD_INPUT)
-    opened = capacity.open_stack(stack, project_dir)
+    try:
+        opened = capacity.open_stack(stack, project_dir)
+    except FileNotFoundError as error:
+        _fail(f"error: {error.filename or error}: not found; `gemmaserve capacity` drives the pulumi CLI", 1)
+    except Exception as error:  # noqa: BLE001 - the automation API's CommandError, StackNotFoundError, ...
+        _fail(f"error: stack {stack}: {type(error).__name__}: {str(error).strip()[:1000]}", 1)
     return capacity, opened, capacity.open_clouds(opened)
 
 

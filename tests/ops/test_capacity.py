@@ -311,3 +311,12 @@ def test_cli_refuses_an_unknown_stack_before_touching_pulumi(monkeypatch):
 def test_cli_refuses_a_bad_interval(cli_world):
     result = CliRunner().invoke(app, ["capacity", "watch", "--stack", "tpu-v6e4", "--interval", "often"])
     assert result.exit_code == 2 and "--interval = 'often'" in result.output
+
+
+def test_cli_without_the_pulumi_cli_says_so(monkeypatch):
+    def missing(*args):
+        raise FileNotFoundError(2, "No such file or directory", "pulumi")
+
+    monkeypatch.setattr(capacity, "open_stack", missing)
+    result = CliRunner().invoke(app, ["capacity", "status", "--stack", "tpu-v6e4"])
+    assert result.exit_code == 1 and "pulumi: not found" in result.output
