@@ -310,7 +310,11 @@ class FakeTpu:
                     record.state, record.initiator = "FAILED", "SERVICE"
                     record.failure = recorded(spec.failure, record.zone)["state"]["failedData"]["error"]
                     continue
-                begins = None if spec.capacity_at is None else max(start, spec.capacity_at)
+                begins = (
+                    None
+                    if spec.capacity_at is None
+                    else max(start, spec.capacity_at, record.created + spec.accepted_for)
+                )
                 if deadline is not None and (begins is None or begins >= deadline) and now >= deadline:
                     record.state, record.initiator = "FAILED", "SERVICE"
                     record.failure = {
@@ -319,7 +323,7 @@ class FakeTpu:
                         f"({rfc3339(deadline)}): no capacity became available in zone {record.zone}.",
                     }
                     continue
-                if begins is not None and now >= max(begins, record.created + spec.accepted_for):
+                if begins is not None and now >= begins:
                     record.state = "PROVISIONING"
                     if now >= begins + spec.provisioning:
                         self._activate(record, begins + spec.provisioning)

@@ -542,3 +542,40 @@ def test_module_import_does_not_load_the_google_client():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_already_exists_from_a_concurrent_create_is_adopted():
+    fake = FakeTpu()
+    capacity(fake, ZONES[0])
+    create = fake.create_queued_resource
+
+    def racing_create(parent, qr_id, body):
+        if not fake.records:  # another `up` queued the same request a moment earlier
+            create(parent, qr_id, body)
+        create(parent, qr_id, body)
+
+    fake.create_queued_resource = racing_create
+    result = provider(fake).create(props())
+    assert result.outs["state"] == "ACTIVE" and len(fake.live()) == 1
+
+
+def test_every_transition_of_one_slice():
+    """ACCEPTED -> WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE -> SUSPENDED -> re-queued -> ACTIVE."""
+    fake = FakeTpu()
+    fake.zones[ZONES[0]] = Zone(capacity_at=EPOCH + 1200, accepted_for=300, provisioning=600)
+    p = props(create_wait_seconds=0)
+    result = provider(fake).create(p)
+    seen = [result.outs["state"]]
+    outs = result.outs
+    for _ in range(12):
+        fake.clock.advance(200)
+        outs = provider(fake).read(result.id, outs).outs
+        if outs["state"] != seen[-1]:
+            seen.append(outs["state"])
+    fake.preempt(qr_name(ZONES[0]))
+    outs = provider(fake).read(result.id, outs).outs
+    seen.append(outs["state"])
+    assert provider(fake).diff(result.id, outs, p).changes
+    outs = provider(fake).update(result.id, outs, props(create_wait_seconds=900)).outs
+    seen.append(outs["state"])
+    assert seen == ["ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "SUSPENDED", "ACTIVE"]
