@@ -94,13 +94,32 @@ def load_stack_spec(stack: str, project_dir: Path = Path(".")) -> Spec:
     return spec_from_config(read_stack_config(stack, project_dir), str(stack_file(stack, project_dir)))
 
 
+# Where a spec names a Secret Manager secret: ("secret",) is the HF token, the others the API keys and the
+# endpoint's TLS certificate (issue 17). A stack creates each bare NAME as PREFIX-NAME (stack_secret_name).
+SECRET_FIELDS = (("secret",), ("serving", "api_keys"), ("serving", "tls"))
+
+
+def stack_scoped_secrets(stack: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec keys with every `secret_manager` named as the stack created it (the rest untouched)."""
+
+    def rename(node: Any, path: tuple[str, ...]) -> Any:
+        if not isinstance(node, Mapping):
+            return node
+        if not path:
+            value = node.get("secret_manager")
+            return {**node, "secret_manager": stack_secret_name(stack, value)} if isinstance(value, str) else node
+        return {**node, path[0]: rename(node[path[0]], path[1:])} if path[0] in node else node
+
+    out: Any = dict(spec)
+    for path in SECRET_FIELDS:
+        out = rename(out, path)
+    return out
+
+
 def stack_host_data(stack: str, project_dir: Path = Path(".")) -> dict[str, Any]:
-    """A stack's spec as pyinfra host data (`gemmaserve_model`, ...), for inventories of its hosts; the
-    secret is named as the stack created it (stack_secret_name)."""
-    spec = dict(spec_keys_of(read_stack_config(stack, project_dir)))
-    secret = spec.get("secret")
-    if isinstance(secret, Mapping) and isinstance(secret.get("secret_manager"), str):
-        spec["secret"] = {**secret, "secret_manager": stack_secret_name(stack, secret["secret_manager"])}
+    """A stack's spec as pyinfra host data (`gemmaserve_model`, ...), for inventories of its hosts; every
+    secret is named as the stack created it (stack_scoped_secrets)."""
+    spec = stack_scoped_secrets(stack, spec_keys_of(read_stack_config(stack, project_dir)))
     return {f"{HOST_PREFIX}{k}": v for k, v in spec.items()}
 
 

@@ -24,7 +24,12 @@ port = serving_plan.router_port
 lb_region = settings.region if cloud.hosts > 1 else None
 
 # A fresh project has no APIs on: enable them first, and make everything else wait for them.
-apis = ProjectApis(f"{name}-apis", ProjectApisArgs(project=settings.project, tpu=settings.tpu_type is not None))
+weights = serving_plan.weights
+creates_bucket = bool(weights.bucket and cloud.weights_bucket.create)
+apis = ProjectApis(
+    f"{name}-apis",
+    ProjectApisArgs(project=settings.project, tpu=settings.tpu_type is not None, storage=creates_bucket),
+)
 after_apis = pulumi.ResourceOptions(depends_on=[apis])
 
 network = Network(
@@ -55,9 +60,8 @@ if spec.secret is not None and spec.secret.secret_manager:
         ),
         after_apis,
     )
-weights = serving_plan.weights
 weights_bucket = None
-if weights.bucket and cloud.weights_bucket.create:
+if creates_bucket:
     # The bucket the spec's weights.bucket names: `gemmaserve weights mirror` fills it, hosts load from it.
     weights_bucket = WeightsBucket(
         f"{name}-weights",
@@ -71,6 +75,7 @@ if weights.bucket and cloud.weights_bucket.create:
             labels=labels,
             force_destroy=cloud.weights_bucket.force_destroy,
         ),
+        after_apis,
     )
 image = ServingImage(
     name,
@@ -178,13 +183,14 @@ access = EndpointAccess(
     EndpointAccessArgs(
         project=settings.project,
         stack=settings.stack,
-        key_secret=spec.serving.api_keys.secret_manager,
-        tls_secret=spec.serving.tls.secret_manager,
+        key_secret=settings.secret_name(spec.serving.api_keys.secret_manager),
+        tls_secret=settings.secret_name(spec.serving.tls.secret_manager),
         accessor_member=identity.member,
         host_addresses=[host.apply(lambda record: record["internal_ip"]) for host in hosts],
         replication=cloud.secret_replication,
         labels=labels,
     ),
+    after_apis,
 )
 
 if lb_region:

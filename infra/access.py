@@ -80,7 +80,8 @@ class EndpointAccess(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: EndpointAccessArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemmaserve:gcp:EndpointAccess", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Children wait for what the component waits for (the project's APIs): Pulumi does not pass depends_on down.
+        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None)
         self._secrets: dict[str, gcp.secretmanager.Secret] = {}
         # Keys: `gemmaserve keys --stack` adds the versions; Pulumi owns only the secret (no version drifts).
         self.key_secret_name = self._secret(f"{name}-keys", args.key_secret, args, child)[0]
@@ -107,7 +108,9 @@ class EndpointAccess(pulumi.ComponentResource):
                 f"{name}-tls-version",
                 secret=self._secrets[f"{name}-tls"].id,
                 secret_data=pulumi.Output.secret(bundle),
-                opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["secret_data"]),
+                opts=pulumi.ResourceOptions.merge(
+                    child, pulumi.ResourceOptions(additional_secret_outputs=["secret_data"])
+                ),
             )
         self.register_outputs(
             {"ca_cert": self.ca_cert_pem, "key_secret": self.key_secret_name, "tls_secret": self.tls_secret_name}

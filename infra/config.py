@@ -6,13 +6,21 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from gemmaserve.catalog import GcpMachineType, TpuType
 from gemmaserve.plan import Plan, plan
-from gemmaserve.sources import NAMESPACE, SPEC_KEYS, spec_from_config, stack_prefix, stack_secret_name
+from gemmaserve.sources import (
+    NAMESPACE,
+    SPEC_KEYS,
+    read_stack_config,
+    spec_from_config,
+    stack_prefix,
+    stack_secret_name,
+)
 from gemmaserve.spec import Spec, SpecError, Strict, parse_duration, validate_model
 
 # Google's documented ranges: IAP TCP forwarding (SSH without public IPs) and the load balancer
@@ -341,8 +349,44 @@ class Settings:
         return tuple(z for z in self.cloud.zones if z in sold)
 
 
-def settings_from_config(raw: dict[str, Any], gcp: dict[str, Any], stack: str, source: str | None = None) -> Settings:
-    """Validate spec + cloud + gcp provider settings together; nothing is declared before this returns."""
+def created_bucket(raw: dict[str, Any]) -> str | None:
+    """The bucket a stack's `gemmaserve:` keys make it create: weights.bucket with source bucket, unless
+    cloud.weights_bucket.create is false (read leniently: another stack's file may not validate)."""
+    weights, cloud = raw.get("weights"), raw.get("cloud")
+    if not isinstance(weights, dict) or weights.get("source") != "bucket" or not isinstance(weights.get("bucket"), str):
+        return None
+    bucket_config = cloud.get("weights_bucket") if isinstance(cloud, dict) else None
+    if isinstance(bucket_config, dict) and bucket_config.get("create") is False:
+        return None
+    return weights["bucket"].removeprefix("gs://").partition("/")[0]
+
+
+def other_stacks_creating(bucket: str, stack: str, project_dir: Path) -> list[str]:
+    """The other stacks of this project (Pulumi.<stack>.yaml beside Pulumi.yaml) that create `bucket` too.
+    Bucket names are global: only one stack can create it, the others use it with create: false."""
+    others = []
+    for path in sorted(project_dir.glob("Pulumi.*.yaml")):
+        other = path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+        if other == stack:
+            continue
+        try:
+            raw = read_stack_config(other, project_dir)
+        except (SpecError, OSError, ValueError):
+            continue  # that stack's own `up` reports its errors
+        if created_bucket(raw) == bucket:
+            others.append(other)
+    return others
+
+
+def settings_from_config(
+    raw: dict[str, Any],
+    gcp: dict[str, Any],
+    stack: str,
+    source: str | None = None,
+    project_dir: Path | None = None,
+) -> Settings:
+    """Validate spec + cloud + gcp provider settings together; nothing is declared before this returns.
+    With `project_dir`, the other stack files there are read too, for what two stacks cannot both create."""
     source = source or f"stack {stack}"
     problems: list[str] = []
     spec = cloud = None
@@ -361,6 +405,14 @@ def settings_from_config(raw: dict[str, Any], gcp: dict[str, Any], stack: str, s
         )
     if spec is not None and cloud is not None:
         problems += _cross_problems(spec, cloud, region)
+    bucket = created_bucket(raw)
+    if bucket and project_dir is not None:
+        others = other_stacks_creating(bucket, stack, project_dir)
+        if others:
+            problems.append(
+                f"weights.bucket = gs://{bucket}: stack(s) {', '.join(others)} create it too, and a bucket name "
+                "exists once; allowed: cloud.weights_bucket.create: false in every stack but the one that owns it"
+            )
     if problems:
         raise SpecError(problems, source)
     serving_plan = plan(spec).require_ok()
@@ -449,7 +501,8 @@ def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
         if source.secret_manager is None:
             problems.append(
                 f"serving.{field_name}.file = {source.file!r}: hosts this stack provisions read it from Secret Manager; "
-                f"allowed: serving.{field_name}.secret_manager (a secret name such as STACK-{field_name.replace('_', '-')})"
+                f"allowed: serving.{field_name}.secret_manager (a secret name such as {field_name.replace('_', '-')}, "
+                "created as gs-STACK-NAME)"
             )
     if region and any(r != region for r in cloud.regions) and not acc.is_tpu:
         problems.append(f"cloud.zones = {list(cloud.zones)!r}: GPU hosts must be in gcp:region {region}")
@@ -469,6 +522,8 @@ def read_settings() -> Settings:
         {k: v for k, v in raw.items() if v is not None},
         {"project": gcp.get("project"), "region": gcp.get("region")},
         pulumi.get_stack(),
+        # The project's other stack files (Pulumi.yaml's directory, one up from this program).
+        project_dir=Path(__file__).resolve().parents[1],
     )
 
 

@@ -19,11 +19,14 @@ BASE_APIS = {
     "compute.googleapis.com": "VPC, firewalls, Cloud NAT, GPU VMs, load balancer",
     "iam.googleapis.com": "the hosts' service account",
     "cloudresourcemanager.googleapis.com": "project-level IAM bindings",
-    "secretmanager.googleapis.com": "the Hugging Face token",
+    "secretmanager.googleapis.com": "the Hugging Face token, the API keys, the TLS certificate",
     "artifactregistry.googleapis.com": "the serving image repository",
     "iap.googleapis.com": "SSH to hosts without public IPs (IAP TCP forwarding)",
 }
 TPU_API = "tpu.googleapis.com"
+# JSON API for Cloud Storage buckets (https://cloud.google.com/storage/docs/json_api): on by default in
+# most new projects, not in all (an organization policy or an earlier disable can turn it off).
+STORAGE_API = "storage.googleapis.com"
 
 
 @dataclass
@@ -31,10 +34,17 @@ class ProjectApisArgs:
     project: str
     # TPU stacks also need the TPU API and its service agent (it creates the TPU VMs).
     tpu: bool = False
+    # A stack that creates the weights bucket also needs Cloud Storage's API.
+    storage: bool = False
 
 
-def required_apis(tpu: bool) -> dict[str, str]:
-    return {**BASE_APIS, **({TPU_API: "TPU queued resources and TPU VMs"} if tpu else {})}
+def required_apis(tpu: bool, storage: bool = False) -> dict[str, str]:
+    apis = dict(BASE_APIS)
+    if tpu:
+        apis[TPU_API] = "TPU queued resources and TPU VMs"
+    if storage:
+        apis[STORAGE_API] = "the weights bucket and its IAM bindings"
+    return apis
 
 
 class ProjectApis(pulumi.ComponentResource):
@@ -53,7 +63,7 @@ class ProjectApis(pulumi.ComponentResource):
                 disable_dependent_services=False,
                 opts=child,
             )
-            for api in required_apis(args.tpu)
+            for api in required_apis(args.tpu, args.storage)
         }
         self.tpu_agent = None
         if args.tpu:

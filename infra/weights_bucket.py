@@ -31,7 +31,8 @@ class WeightsBucket(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: WeightsBucketArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemmaserve:gcp:WeightsBucket", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Children wait for what the component waits for (the project's APIs): Pulumi does not pass depends_on down.
+        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None)
         self.bucket = gcp.storage.Bucket(
             f"{name}-bucket",
             name=args.name,

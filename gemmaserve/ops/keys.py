@@ -22,7 +22,7 @@ import yaml
 
 from gemmaserve.ops import fleet
 from gemmaserve.plan import plan
-from gemmaserve.sources import load_stack_spec, stack_file
+from gemmaserve.sources import load_stack_spec, stack_file, stack_secret_name
 from gemmaserve.spec import SpecError
 
 PROGRAM = fleet.REPO / "roles" / "access" / "files" / "api_keys.py"
@@ -125,7 +125,8 @@ def inventory_change(inventory: str, action: str, key_id: str, digest: str | Non
 
 
 def stack_secret(stack: str, project_dir: Path = Path(".")) -> str:
-    """projects/P/secrets/NAME of a stack's key secret (serving.api_keys.secret_manager + gcp:project)."""
+    """projects/P/secrets/NAME of a stack's key secret (serving.api_keys.secret_manager, named as the stack
+    created it, + gcp:project)."""
     spec = load_stack_spec(stack, project_dir)
     secret = plan(spec).access.key_secret
     if secret is None:
@@ -133,6 +134,8 @@ def stack_secret(stack: str, project_dir: Path = Path(".")) -> str:
             f"stack {stack}: serving.api_keys.secret_manager is not set (its hosts keep keys in a file); "
             "use --inventory, or set gemmaserve:serving.api_keys.secret_manager"
         )
+    # A bare NAME is created by the stack as gs-STACK-NAME (infra/__main__.py, stack_secret_name).
+    secret = stack_secret_name(stack, secret)
     if secret.startswith("projects/"):
         return secret
     document = yaml.safe_load(stack_file(stack, project_dir).read_text()) or {}

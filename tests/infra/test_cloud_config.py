@@ -223,3 +223,37 @@ def test_reserved_then_spot_then_flex_start_is_a_valid_chain():
         }
     )
     assert cloud.provisioning_chain == ("reserved", "spot", "flex-start")
+
+
+# --- issue 12 x issue 15: a bucket name exists once, so only one stack may create it ---------------
+
+
+def _write_stack(directory, stack: str, weights: dict, cloud: dict) -> None:
+    import yaml
+
+    config = {f"gemmaserve:{k}": v for k, v in read_stack_config("gpu8", ROOT).items()}
+    config["gemmaserve:weights"] = weights
+    config["gemmaserve:cloud"] = {**config["gemmaserve:cloud"], **cloud}
+    (directory / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": config}))
+
+
+BUCKET_WEIGHTS = {"source": "bucket", "bucket": "gs://team-weights/gemma", "revision": "0" * 40}
+
+
+def test_two_stacks_creating_one_bucket_are_refused_naming_both(tmp_path):
+    _write_stack(tmp_path, "gpu8-eu", BUCKET_WEIGHTS, {})
+    _write_stack(tmp_path, "gpu8-us", {**BUCKET_WEIGHTS, "bucket": "gs://team-weights"}, {})
+    raw = read_stack_config("gpu8-us", tmp_path)
+    with pytest.raises(SpecError) as error:
+        settings_from_config(raw, {"project": PROJECT, "region": None}, "gpu8-us", project_dir=tmp_path)
+    assert "weights.bucket = gs://team-weights: stack(s) gpu8-eu create it too" in str(error.value)
+    assert "cloud.weights_bucket.create: false" in str(error.value)
+
+
+def test_one_stack_creates_the_bucket_the_others_use(tmp_path):
+    _write_stack(tmp_path, "gpu8-eu", BUCKET_WEIGHTS, {})
+    _write_stack(tmp_path, "gpu8-us", BUCKET_WEIGHTS, {"weights_bucket": {"create": False}})
+    _write_stack(tmp_path, "gpu8-hub", {"source": "hub"}, {})
+    for stack in ("gpu8-eu", "gpu8-us", "gpu8-hub"):
+        raw = read_stack_config(stack, tmp_path)
+        settings_from_config(raw, {"project": PROJECT, "region": None}, stack, project_dir=tmp_path)

@@ -278,19 +278,21 @@ def test_no_token_no_version():
 def test_api_key_secret_has_no_version_and_only_the_hosts_read_it(stack_runs, stack):
     """`gemmaserve keys add --stack` adds the versions: Pulumi owns the secret only, so nothing drifts."""
     run = stack_runs[stack]
-    secret = secret_named(run, f"{stack}-api-keys")
+    # The stack file says `api-keys`; the stack creates its own (issue 12: names are stack-scoped).
+    secret_id = f"{stack_prefix(stack)}-api-keys"
+    secret = secret_named(run, secret_id)
     assert not [v for v in run.of_type(VERSION) if "keys" in v.name]
-    accessor = next(a for a in run.of_type(ACCESSOR) if a.inputs["secretId"] == f"{stack}-api-keys")
+    accessor = next(a for a in run.of_type(ACCESSOR) if a.inputs["secretId"] == secret_id)
     assert accessor.inputs["role"] == "roles/secretmanager.secretAccessor"
     assert accessor.inputs["member"].startswith("serviceAccount:")
     assert secret.inputs["labels"]["stack"] == stack
-    assert run.outputs["api_key_secret"] == f"projects/123456/secrets/{stack}-api-keys"
+    assert run.outputs["api_key_secret"] == f"projects/123456/secrets/{secret_id}"
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_tls_secret_holds_the_hosts_certificate_as_a_secret(stack_runs, stack):
     run = stack_runs[stack]
-    secret_named(run, f"{stack}-tls")
+    secret_named(run, f"{stack_prefix(stack)}-tls")
     version = next(v for v in run.of_type(VERSION) if v.name.endswith("-tls-version"))
     assert version.secret_inputs == {"secretData"}
     # The bundle HAProxy reads: the host certificate, the CA, the host's private key.
@@ -315,7 +317,7 @@ def test_ca_certificate_is_exported_and_no_private_key_is(stack_runs, stack):
 def test_a_tls_secret_owned_elsewhere_gets_no_version():
     config = stack_config("a100")
     config["gemmaserve:serving"] = {
-        "api_keys": {"secret_manager": "a100-api-keys"},
+        "api_keys": {"secret_manager": "api-keys"},
         "tls": {"secret_manager": "projects/certs-project/secrets/serving-cert"},
     }
     run = run_program("a100", config)
@@ -449,6 +451,7 @@ API_OF_TYPE = {
     "gcp:projects/iAMMember": "cloudresourcemanager.googleapis.com",
     "gcp:secretmanager/": "secretmanager.googleapis.com",
     "gcp:artifactregistry/": "artifactregistry.googleapis.com",
+    "gcp:storage/": "storage.googleapis.com",
     QUEUED: "tpu.googleapis.com",
 }
 
@@ -495,6 +498,7 @@ def test_defect_3_no_two_stacks_share_a_name_in_one_project(stack_runs):
         }
         found |= {("account", r.inputs["accountId"]) for r in run.of_type("gcp:serviceaccount/account:Account")}
         found |= {("queued resource", r.inputs["queued_resource_id"]) for r in run.of_type(QUEUED)}
+        found |= {("bucket", r.inputs["name"]) for r in run.of_type("gcp:storage/bucket:Bucket")}
         return found
 
     seen: dict[tuple[str, str], str] = {}
@@ -505,18 +509,37 @@ def test_defect_3_no_two_stacks_share_a_name_in_one_project(stack_runs):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_defect_3_hosts_fetch_the_secret_their_stack_created(stack_runs, stack):
-    created = stack_runs[stack].one("gcp:secretmanager/secret:Secret").inputs["secretId"]
-    host_secret = stack_host_data(stack, ROOT)["gemmaserve_secret"]["secret_manager"]
-    assert created == host_secret and created.startswith(stack_prefix(stack) + "-")
+@pytest.mark.parametrize(
+    "resource, path",
+    [
+        ("hf-secret", ("gemmaserve_secret",)),
+        ("access-keys", ("gemmaserve_serving", "api_keys")),
+        ("access-tls", ("gemmaserve_serving", "tls")),
+    ],
+)
+def test_defect_3_hosts_fetch_the_secrets_their_stack_created(stack_runs, stack, resource, path):
+    """The HF token (issue 12), the API keys and the TLS certificate (issue 17): every stack file names
+    them alike (hf-token, api-keys, tls); each stack creates its own and its hosts fetch that one."""
+    created = next(
+        r.inputs["secretId"]
+        for r in stack_runs[stack].of_type("gcp:secretmanager/secret:Secret")
+        if r.name == f"{stack_prefix(stack)}-{resource}"
+    )
+    host_value = stack_host_data(stack, ROOT)
+    for key in path:
+        host_value = host_value[key]
+    assert created == host_value["secret_manager"] and created.startswith(stack_prefix(stack) + "-")
 
 
 def test_a_secret_owned_elsewhere_is_used_as_given():
     config = stack_config("a100")
     config["gemmaserve:secret"] = {"secret_manager": "projects/shared-secrets/secrets/hf-token"}
     run = run_program("a100", config)
-    assert not run.of_type("gcp:secretmanager/secret:Secret")
-    assert run.one("gcp:secretmanager/secretIamMember:SecretIamMember").inputs["secretId"] == "hf-token"
+    assert not [r for r in run.of_type("gcp:secretmanager/secret:Secret") if r.inputs["secretId"].endswith("hf-token")]
+    accessor = next(
+        r for r in run.of_type("gcp:secretmanager/secretIamMember:SecretIamMember") if r.name.endswith("-hf-accessor")
+    )
+    assert accessor.inputs["secretId"] == "hf-token" and accessor.inputs["project"] == "shared-secrets"
 
 
 def test_defect_9_flex_start_vm_create_outlasts_the_queue(stack_runs):

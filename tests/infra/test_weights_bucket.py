@@ -121,3 +121,22 @@ def test_bad_writer_is_refused_before_any_resource():
 
     with pytest.raises(SpecError, match="writers"):
         run_program("gpu8", bucket_config(weights_bucket={"writers": ["ml-platform@example.com"]}))
+
+
+def test_storage_api_is_enabled_before_the_bucket_and_its_bindings(run):
+    """Issue 12's rule for what issue 15 added: the API first, and nothing of the bucket races it."""
+    services = {s.inputs["service"]: s for s in run.of_type("gcp:projects/service:Service")}
+    storage = services["storage.googleapis.com"]
+    assert storage.inputs["disableOnDestroy"] is False
+    for resource in run.of_type("gcp:storage/bucket:Bucket") + run.of_type(
+        "gcp:storage/bucketIAMMember:BucketIAMMember"
+    ):
+        assert storage.urn in resource.dependencies, f"{resource.name} does not wait for the storage API"
+
+
+def test_no_storage_api_without_a_bucket_to_create(stack_runs):
+    enabled = {s.inputs["service"] for s in stack_runs["gpu8"].of_type("gcp:projects/service:Service")}
+    assert "storage.googleapis.com" not in enabled
+    shared = run_program("gpu8", bucket_config(weights_bucket={"create": False}))
+    assert not shared.of_type("gcp:storage/bucket:Bucket")
+    assert "storage.googleapis.com" not in {s.inputs["service"] for s in shared.of_type("gcp:projects/service:Service")}
