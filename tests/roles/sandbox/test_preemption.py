@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from gemmaserve.plan import plan
 from gemmaserve.sandbox.profile import sandbox_host_data
 from gemmaserve.sources import spec_from_host_data
 from tests.roles import fake_metadata
-from tests.sandbox_fixtures import deploy, wait_until
+from tests.sandbox_fixtures import deploy, sandbox_endpoint, wait_until
 
 pytestmark = pytest.mark.sandbox
 
@@ -33,7 +34,6 @@ FAKE = "/opt/gemmaserve-test/fake_metadata.py"
 FAKE_UNIT = "gemmaserve-test-metadata"
 UNIT = "gemmaserve-preemption.service"
 GRACE = 20
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 SPOT = {
     "gemmaserve_capacity": {"kind": "gce-vm", "provisioning": "spot"},
     "preemption_metadata_url": f"http://127.0.0.1:{FAKE_PORT}/computeMetadata/v1",
@@ -41,9 +41,10 @@ SPOT = {
 }
 
 
-def health(address: str) -> int:
+def health(endpoint) -> int:
+    """HAProxy's /health as the cloud load balancer probes it (over TLS, no API key)."""
     try:
-        with _OPENER.open(f"http://{address}:8080/health", timeout=10) as response:
+        with endpoint.credentials.opener().open(endpoint.url("/health"), timeout=10) as response:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
@@ -70,8 +71,9 @@ def spot_host(sandbox_hosts, sandbox_host, tmp_path_factory):
     assert result.returncode == 0, result.output[-4000:]
     print(f"\n[figure] deploy adding the preemption drain: {result.seconds:.1f} s")
     serving = plan(spec_from_host_data({**sandbox_host_data(), **SPOT})).require_ok()
-    wait_until(lambda: health(host.address) == 200, 300, "the endpoint to serve")
-    yield host, serving, tmp_path
+    endpoint = sandbox_endpoint(host)
+    wait_until(lambda: health(endpoint) == 200, 300, "the endpoint to serve")
+    yield host, serving, tmp_path, endpoint
     sandbox_host.run(f"systemctl stop {FAKE_UNIT}; rm -rf /opt/gemmaserve-test")
     for replica in serving.replicas:
         sandbox_host.run(f"python3 /opt/gemmaserve/lib/haproxy_admin.py ready vllm/replica{replica.index}")
@@ -90,7 +92,7 @@ class Stream:
 class StreamingLoad:
     """`workers` clients streaming chat completions back to back, each at most `seconds`; every one recorded."""
 
-    url: str
+    endpoint: Any
     model: str
     seconds: float
     workers: int = 4
@@ -114,9 +116,10 @@ class StreamingLoad:
         stream = Stream(started=time.monotonic())
         with self._lock:
             self.streams.append(stream)
-        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", **self.endpoint.credentials.headers()}
+        request = urllib.request.Request(self.endpoint.url("/v1/chat/completions"), data=body, headers=headers)
         try:
-            with _OPENER.open(request, timeout=120) as response:
+            with self.endpoint.credentials.opener().open(request, timeout=120) as response:
                 for line in response:
                     if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
                         stream.chunks += 1
@@ -158,16 +161,15 @@ def test_unit_is_installed_and_valid(spot_host, sandbox_host):
 
 
 def test_preemption_notice_under_load_loses_no_request_started_before_it(spot_host, sandbox_host):
-    host, serving, _ = spot_host
-    assert health(host.address) == 200
-    url = f"http://{host.address}:8080/v1/chat/completions"
-    with StreamingLoad(url, serving.model.hf_id, seconds=60) as load:
+    host, serving, _, endpoint = spot_host
+    assert health(endpoint) == 200
+    with StreamingLoad(endpoint, serving.model.hf_id, seconds=60) as load:
         wait_until(lambda: sum(s.ok for s in load.streams) >= 2, 60, "the load to start")
         # The notice lands while streams are half way: they must run to their end on a drained replica.
         wait_until(lambda: len(load.in_flight(min_chunks=20)) >= 2, 60, "two streams in the middle of their answer")
         notice = time.monotonic()
         flip(sandbox_host, "instance/preempted", "TRUE")
-        wait_until(lambda: health(host.address) != 200, 10, "/health to fail after the notice")
+        wait_until(lambda: health(endpoint) != 200, 10, "/health to fail after the notice")
         unhealthy = time.monotonic() - notice
         time.sleep(3)  # a few requests after the notice: refused, as the load balancer would stop sending them
         load.stop_new.set()
@@ -201,16 +203,16 @@ def test_preemption_notice_under_load_loses_no_request_started_before_it(spot_ho
 
 
 def test_cleared_notice_brings_the_replica_back(spot_host, sandbox_host):
-    host, _, _ = spot_host
+    _, _, _, endpoint = spot_host
     flip(sandbox_host, "instance/preempted", "FALSE")
-    wait_until(lambda: health(host.address) == 200, 60, "/health to be 200 again")
+    wait_until(lambda: health(endpoint) == 200, 60, "/health to be 200 again")
     assert not sandbox_host.file("/run/gemmaserve-preemption/notice").exists
 
 
 def test_a_host_that_is_not_preemptible_loses_the_unit(spot_host, sandbox_host):
-    host, _, tmp_path = spot_host
+    host, _, tmp_path, endpoint = spot_host
     result = deploy(host.name, {}, tmp_path)
     assert result.returncode == 0, result.output[-3000:]
     assert not sandbox_host.file(f"/etc/systemd/system/{UNIT}").exists
     assert sandbox_host.run(f"systemctl is-active {UNIT}").stdout.strip() != "active"
-    assert health(host.address) == 200
+    assert health(endpoint) == 200
