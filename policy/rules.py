@@ -36,6 +36,7 @@ LABELED_TYPES = (
     "gcp:secretmanager/secret:Secret",
     "gcp:artifactregistry/repository:Repository",
     "gcp:compute/forwardingRule:ForwardingRule",
+    "gcp:storage/bucket:Bucket",
 )
 DEFAULT_REQUIRED_LABELS = ("app", "managed-by", "stack")
 DEFAULT_SERVING_PORTS = (8080,)

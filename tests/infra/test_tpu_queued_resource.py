@@ -455,6 +455,32 @@ def test_defect_7_label_change_on_an_active_slice_patches_the_node_in_place():
     assert not [c for c in fake.calls if c[0] == "delete"]
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"labels": {"app": "gemmaserve", "cost-center": "ml"}},
+        {"tags": ["gemmaserve-host", "canary"]},
+        {"metadata": {"enable-oslogin": "TRUE"}},
+    ],
+    ids=["labels", "tags", "metadata"],
+)
+def test_defect_7_each_patchable_field_is_patched_never_replaced(changes):
+    """labels, tags and metadata one at a time: nodes.patch with exactly that field in updateMask, a
+    Node body Google's discovery document accepts, the change visible on the node, no delete."""
+    fake = FakeTpu()
+    result = active(fake)
+    new = props(**changes)
+    diff = provider(fake).diff(result.id, result.outs, new)
+    assert diff.changes and not diff.replaces
+    provider(fake).update(result.id, result.outs, new)
+    (key,) = changes
+    patch = next(c for c in fake.calls if c[0] == "patch_node")
+    assert patch[2] == key
+    TPU.assert_request("Node", patch[3], partial=True)
+    assert fake.get_node(result.outs["node_name"])[key] == changes[key]
+    assert [c[0] for c in fake.calls].count("create") == 1 and "delete" not in [c[0] for c in fake.calls]
+
+
 def test_defect_7_reordered_zones_are_not_a_replacement():
     fake = FakeTpu()
     result = active(fake)

@@ -136,6 +136,10 @@ def test_unprotected_queued_resource():
         (INSTANCE, instance(labels={})),
         ("gcp:secretmanager/secret:Secret", {"secretId": "hf-token", "labels": {"app": "gemmaserve"}}),
         (DYNAMIC, queued(labels=None)),
+        (
+            "gcp:storage/bucket:Bucket",
+            {"name": "team-weights", "labels": {"app": "gemmaserve", "managed-by": "pulumi"}},
+        ),
     ],
 )
 def test_missing_labels(resource_type, props):
@@ -194,9 +198,20 @@ def test_quiet_on_good_examples():
     assert not stack_outputs({"ca_cert": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"})
 
 
-@pytest.mark.parametrize("stack", STACKS)
+def bucket_stack_config() -> dict:
+    """gpu8 with its weights from a bucket the stack creates (issue 15)."""
+    from tests.infra.conftest import stack_config
+
+    config = stack_config("gpu8")
+    config["gemmaserve:weights"] = {"source": "bucket", "bucket": "gs://team-weights", "revision": "0" * 40}
+    return config
+
+
+@pytest.mark.parametrize("stack", [*STACKS, "gpu8-with-bucket"])
 def test_every_stack_passes_every_rule(stack):
-    run = run_program(stack)
+    run = run_program("gpu8", bucket_stack_config()) if stack == "gpu8-with-bucket" else run_program(stack)
+    if stack == "gpu8-with-bucket":
+        assert run.of_type("gcp:storage/bucket:Bucket")
     resource_rules = [
         rules.validate_external_ip,
         rules.validate_world_serving_port,
