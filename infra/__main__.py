@@ -25,10 +25,9 @@ lb_region = settings.region if cloud.hosts > 1 else None
 
 # A fresh project has no APIs on: enable them first, and make everything else wait for them.
 weights = serving_plan.weights
-creates_bucket = bool(weights.bucket and cloud.weights_bucket.create)
 apis = ProjectApis(
     f"{name}-apis",
-    ProjectApisArgs(project=settings.project, tpu=settings.tpu_type is not None, storage=creates_bucket),
+    ProjectApisArgs(project=settings.project, tpu=settings.tpu_type is not None, storage=weights.from_bucket),
 )
 after_apis = pulumi.ResourceOptions(depends_on=[apis])
 
@@ -61,8 +60,9 @@ if spec.secret is not None and spec.secret.secret_manager:
         after_apis,
     )
 weights_bucket = None
-if creates_bucket:
+if weights.from_bucket:
     # The bucket the spec's weights.bucket names: `gemmaserve weights mirror` fills it, hosts load from it.
+    # With cloud.weights_bucket.create false another stack owns it; this one only grants its hosts.
     weights_bucket = WeightsBucket(
         f"{name}-weights",
         WeightsBucketArgs(
@@ -74,6 +74,7 @@ if creates_bucket:
             writers=list(cloud.weights_bucket.writers),
             labels=labels,
             force_destroy=cloud.weights_bucket.force_destroy,
+            create=cloud.weights_bucket.create,
         ),
         after_apis,
     )

@@ -34,7 +34,7 @@ class ProjectApisArgs:
     project: str
     # TPU stacks also need the TPU API and its service agent (it creates the TPU VMs).
     tpu: bool = False
-    # A stack that creates the weights bucket also needs Cloud Storage's API.
+    # A stack whose hosts load weights from a bucket (creating it or only granting its hosts) needs Cloud Storage's API.
     storage: bool = False
 
 
@@ -43,7 +43,7 @@ def required_apis(tpu: bool, storage: bool = False) -> dict[str, str]:
     if tpu:
         apis[TPU_API] = "TPU queued resources and TPU VMs"
     if storage:
-        apis[STORAGE_API] = "the weights bucket and its IAM bindings"
+        apis[STORAGE_API] = "the weights bucket and its hosts' IAM bindings"
     return apis
 
 
