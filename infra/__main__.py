@@ -187,7 +187,11 @@ access = EndpointAccess(
         key_secret=settings.secret_name(spec.serving.api_keys.secret_manager),
         tls_secret=settings.secret_name(spec.serving.tls.secret_manager),
         accessor_member=identity.member,
-        host_addresses=[host.apply(lambda record: record["internal_ip"]) for host in hosts],
+        # A TPU request still queued (create returns after a bounded wait) has no address yet: its
+        # certificate gets one when `capacity wait` / the next `up` finds the slice ACTIVE.
+        host_addresses=pulumi.Output.all(*hosts).apply(
+            lambda records: [r["internal_ip"] for r in records if r["internal_ip"]]
+        ),
         replication=cloud.secret_replication,
         labels=labels,
     ),
@@ -215,7 +219,8 @@ if lb_region:
     )
     endpoint = pulumi.Output.concat("https://", balancer.address, f":{port}/v1")
 else:
-    endpoint = hosts[0].apply(lambda host: f"https://{host['internal_ip']}:{port}/v1")
+    # None while the only host has no address yet (a TPU request still queued).
+    endpoint = hosts[0].apply(lambda host: f"https://{host['internal_ip']}:{port}/v1" if host["internal_ip"] else None)
 
 pulumi.export("hosts", pulumi.Output.all(*hosts))
 pulumi.export("endpoint", endpoint)

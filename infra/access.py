@@ -28,8 +28,8 @@ class EndpointAccessArgs:
     key_secret: str
     tls_secret: str
     accessor_member: pulumi.Input[str]
-    # The hosts' internal IPs: the names their certificate carries.
-    host_addresses: list[pulumi.Input[str]]
+    # The hosts' internal IPs: the names their certificate carries (those known so far).
+    host_addresses: pulumi.Input[list[str]]
     replication: str | tuple[str, ...] = "automatic"
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -46,7 +46,7 @@ def _replication(replication: str | tuple[str, ...]) -> gcp.secretmanager.Secret
 
 def server_certificate(
     name: str,
-    addresses: list[pulumi.Input[str]],
+    addresses: pulumi.Input[list[str]],
     ca_cert_pem: pulumi.Input[str],
     ca_private_key_pem: pulumi.Input[str],
     opts: pulumi.ResourceOptions,

@@ -172,7 +172,11 @@ def stack_config(stack: str) -> dict[str, Any]:
 
 
 def run_program(
-    stack: str, config: dict[str, Any] | None = None, hf_token: str | None = HF_TOKEN, run: ProgramRun | None = None
+    stack: str,
+    config: dict[str, Any] | None = None,
+    hf_token: str | None = HF_TOKEN,
+    run: ProgramRun | None = None,
+    mocks: CloudMocks | None = None,
 ) -> ProgramRun:
     """Run infra/__main__.py for `stack` (config defaults to its Pulumi.<stack>.yaml) and resolve its exports.
 
@@ -180,7 +184,7 @@ def run_program(
     """
     config = stack_config(stack) if config is None else config
     run = ProgramRun() if run is None else run
-    mocks = CloudMocks()
+    mocks = mocks or CloudMocks()
     pulumi.runtime.set_mocks(
         mocks, project="gemmaserve", stack=stack, preview=False, monitor=RecordingMonitor(mocks, run)
     )

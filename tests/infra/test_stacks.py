@@ -11,7 +11,16 @@ import pytest
 from gemmaserve.plan import plan
 from gemmaserve.sources import load_stack_spec, stack_host_data, stack_prefix
 from gemmaserve.spec import SpecError
-from tests.infra.conftest import HF_TOKEN, PROJECT, ROOT, STACKS, ProgramRun, run_program, stack_config
+from tests.infra.conftest import (
+    HF_TOKEN,
+    PROJECT,
+    ROOT,
+    STACKS,
+    CloudMocks,
+    ProgramRun,
+    run_program,
+    stack_config,
+)
 from tests.infra.discovery import COMPUTE, Discovery
 
 INSTANCE = "gcp:compute/instance:Instance"
@@ -588,3 +597,23 @@ def test_tpu_fallback_chain_from_config():
 @pytest.mark.parametrize("stack, provisioning", [("tpu-v6e1", "spot"), ("h100", "flex-start"), ("gpu8", "standard")])
 def test_hosts_say_how_they_were_bought(stack_runs, stack, provisioning):
     assert stack_runs[stack].outputs["hosts"][0]["provisioning"] == provisioning
+
+
+class QueuedTpuMocks(CloudMocks):
+    """The queued resource as the provider returns it after its bounded wait: still WAITING, no node yet."""
+
+    def new_resource(self, args):
+        resource_id, state = super().new_resource(args)
+        if args.typ == QUEUED:
+            state.update(state="WAITING_FOR_RESOURCES", internal_ip=None, external_ip=None)
+        return resource_id, state
+
+
+@pytest.mark.parametrize("stack", TPU_STACKS)
+def test_defect_2_a_slice_still_queued_after_up_declares_the_rest_without_its_address(stack):
+    """`pulumi up` returns with the request WAITING (issue 12): the TLS certificate (issue 17) must not be
+    asked for a null IP, the endpoint is not `https://None`, and the host record says it has no address."""
+    run = run_program(stack, mocks=QueuedTpuMocks())
+    assert run.outputs["hosts"][0]["internal_ip"] is None
+    assert run.one("tls:index/certRequest:CertRequest").inputs.get("ipAddresses", []) == []
+    assert run.outputs["endpoint"] is None
