@@ -122,3 +122,13 @@ def test_bad_credentials_name_the_setting_never_the_value(no_adc):
         credentials_for(auth)
     assert "gcp:credentials" in str(caught.value)
     assert "SECRET-KEY-MATERIAL" not in str(caught.value) and "SECRET-KEY-MATERIAL" not in repr(auth)
+
+
+def test_defect_10_capacity_reads_the_clouds_with_the_stack_credentials(key_json, no_adc):
+    """`gemmaserve capacity` builds its TPU and Compute clients from the stack's config the same way."""
+    from gemmaserve.ops.capacity import google_clouds
+
+    clouds = google_clouds({"gcp:credentials": key_json, "gcp:impersonateServiceAccount": DEPLOYER})
+    for credentials in (clouds.tpu._service._http.credentials, clouds.compute._instances._http.credentials):
+        assert isinstance(credentials, impersonated_credentials.Credentials)
+        assert credentials.service_account_email == DEPLOYER
