@@ -91,7 +91,9 @@ def spec_from_config(config: Mapping[str, Any], source: str = "stack config") ->
 
 
 def load_stack_spec(stack: str, project_dir: Path = Path(".")) -> Spec:
-    return spec_from_config(read_stack_config(stack, project_dir), str(stack_file(stack, project_dir)))
+    """A stack's spec as the stack deploys it: its secrets named as the stack creates them."""
+    config = stack_scoped_secrets(stack, spec_keys_of(read_stack_config(stack, project_dir)))
+    return spec_from_config(config, str(stack_file(stack, project_dir)))
 
 
 # Where a spec names a Secret Manager secret: ("secret",) is the HF token, the others the API keys and the

@@ -51,7 +51,8 @@ if spec.secret is not None and spec.secret.secret_manager:
         f"{name}-hf",
         HfTokenSecretArgs(
             project=settings.project,
-            secret=settings.secret_name(spec.secret.secret_manager),
+            # Named as this stack creates it (gs-STACK-NAME) or as given (projects/P/secrets/NAME): read_settings.
+            secret=spec.secret.secret_manager,
             accessor_member=identity.member,
             replication=cloud.secret_replication,
             token=read_hf_token(),
@@ -184,8 +185,8 @@ access = EndpointAccess(
     EndpointAccessArgs(
         project=settings.project,
         stack=settings.stack,
-        key_secret=settings.secret_name(spec.serving.api_keys.secret_manager),
-        tls_secret=settings.secret_name(spec.serving.tls.secret_manager),
+        key_secret=spec.serving.api_keys.secret_manager,
+        tls_secret=spec.serving.tls.secret_manager,
         accessor_member=identity.member,
         # A TPU request still queued (create returns after a bounded wait) has no address yet: its
         # certificate gets one when `capacity wait` / the next `up` finds the slice ACTIVE.

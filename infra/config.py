@@ -19,7 +19,7 @@ from gemmaserve.sources import (
     read_stack_config,
     spec_from_config,
     stack_prefix,
-    stack_secret_name,
+    stack_scoped_secrets,
 )
 from gemmaserve.spec import Spec, SpecError, Strict, parse_duration, validate_model
 
@@ -336,10 +336,6 @@ class Settings:
         """The Artifact Registry repository: the stack's own unless one is named."""
         return self.cloud.image.repository or self.name
 
-    def secret_name(self, secret: str) -> str:
-        """The Secret Manager secret this stack creates (PREFIX-NAME) or uses (projects/P/secrets/NAME)."""
-        return stack_secret_name(self.stack, secret)
-
     @property
     def flex_start_zones(self) -> tuple[str, ...] | None:
         """TPU: the zones of cloud.zones that sell flex-start for this TPU (None: not a TPU stack)."""
@@ -391,7 +387,8 @@ def settings_from_config(
     problems: list[str] = []
     spec = cloud = None
     try:
-        spec = spec_from_config({k: v for k, v in raw.items() if k in SPEC_KEYS}, source)
+        # Secrets named as this stack creates them (gs-STACK-NAME): the plan, the program and the hosts agree.
+        spec = spec_from_config(stack_scoped_secrets(stack, {k: v for k, v in raw.items() if k in SPEC_KEYS}), source)
     except SpecError as error:
         problems += error.problems
     try:

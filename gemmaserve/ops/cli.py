@@ -92,7 +92,7 @@ def plan_command(
 ) -> None:
     """Show the replicas, vLLM argv/env and KV-cache capacity a spec produces."""
     from gemmaserve.plan import plan
-    from gemmaserve.sources import SPEC_KEYS, read_stack_config
+    from gemmaserve.sources import SPEC_KEYS, read_stack_config, stack_scoped_secrets
     from gemmaserve.spec import SpecError, parse_spec
 
     flags = _overrides(
@@ -102,7 +102,10 @@ def plan_command(
         flags["engine"] = {"vllm_version": vllm_version}
     try:
         if stack:
-            base = {k: v for k, v in read_stack_config(stack, project_dir).items() if k in SPEC_KEYS}
+            # Secrets as the stack names them (gs-STACK-NAME), as its hosts and its `plan` output see them.
+            base = stack_scoped_secrets(
+                stack, {k: v for k, v in read_stack_config(stack, project_dir).items() if k in SPEC_KEYS}
+            )
             spec = parse_spec(_merge(base, flags), f"Pulumi.{stack}.yaml" + (" + flags" if flags else ""))
         else:
             if "model" not in flags or "accelerator" not in flags:

@@ -22,7 +22,7 @@ import yaml
 
 from gemmaserve.ops import fleet
 from gemmaserve.plan import plan
-from gemmaserve.sources import load_stack_spec, stack_file, stack_secret_name
+from gemmaserve.sources import load_stack_spec, stack_file
 from gemmaserve.spec import SpecError
 
 PROGRAM = fleet.REPO / "roles" / "access" / "files" / "api_keys.py"
@@ -134,8 +134,6 @@ def stack_secret(stack: str, project_dir: Path = Path(".")) -> str:
             f"stack {stack}: serving.api_keys.secret_manager is not set (its hosts keep keys in a file); "
             "use --inventory, or set gemmaserve:serving.api_keys.secret_manager"
         )
-    # A bare NAME is created by the stack as gs-STACK-NAME (infra/__main__.py, stack_secret_name).
-    secret = stack_secret_name(stack, secret)
     if secret.startswith("projects/"):
         return secret
     document = yaml.safe_load(stack_file(stack, project_dir).read_text()) or {}

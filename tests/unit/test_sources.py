@@ -62,3 +62,18 @@ def test_capacity_host_data_is_validated():
     assert "host data of h1" in str(caught.value) and "gemmaserve_capacity.provisioning = 'preemptible'" in str(
         caught.value
     )
+
+
+def test_every_secret_of_a_stack_is_named_once_for_plan_program_and_hosts():
+    """HF token, API keys and TLS certificate: the spec a stack deploys (load_stack_spec, which the
+    program's read_settings matches) and its hosts' data (stack_host_data) name the same stack-owned secrets."""
+    from pathlib import Path
+
+    from gemmaserve.sources import load_stack_spec, stack_host_data
+
+    root = Path(__file__).resolve().parents[2]
+    spec, data = load_stack_spec("gpu8", root), stack_host_data("gpu8", root)
+    assert spec.secret.secret_manager == data["gemmaserve_secret"]["secret_manager"] == "gs-gpu8-hf-token"
+    assert spec.serving.api_keys.secret_manager == data["gemmaserve_serving"]["api_keys"]["secret_manager"]
+    assert spec.serving.api_keys.secret_manager == "gs-gpu8-api-keys"
+    assert spec.serving.tls.secret_manager == data["gemmaserve_serving"]["tls"]["secret_manager"] == "gs-gpu8-tls"
