@@ -12,7 +12,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.server import Command
 from pyinfra.operations import files, server, systemd
 
-from gemmaserve.plan import STATE_DIR, Plan, ReplicaPlan
+from gemmaserve.plan import CONTAINER_RUNTIME, SHM_CACHE_ROOT, STATE_DIR, Plan, ReplicaPlan
 from roles._lib.facts import HostState, PathState
 from roles._lib.managed import managed_file, managed_service, same_content
 from roles._lib.programs import (
@@ -89,6 +89,8 @@ def render_env(serving: Plan, replica: ReplicaPlan, emulator: str | None = None)
     previous = serving.replicas[replica.index - 1] if replica.index else None
     env = {**replica.env, **emulator_env(serving, emulator)}
     env["GEMMASERVE_CACHE_DIRS"] = " ".join(env[k] for k in CACHE_ENV_KEYS if k in env)
+    if serving.engine.kind == "container":
+        env["GEMMASERVE_CONTAINER_DEVICES"] = " ".join(f"--device={d}" for d in replica.container_devices)
     return render(
         TEMPLATES / "replica.env.j2",
         index=replica.index,
@@ -100,39 +102,65 @@ def render_env(serving: Plan, replica: ReplicaPlan, emulator: str | None = None)
     )
 
 
+def container_flags(serving: Plan) -> list[str]:
+    """What every `podman run` of the pinned image gets, the serving container and the flag check alike:
+    host network and IPC, the host's state, caches and config, vLLM as the gemmaserve user with no
+    capabilities on a read-only root file system, and the accelerator's own needs."""
+    vendor = serving.accelerator.vendor
+    flags = [
+        # Run by digest from local storage; the vllm role loaded or pulled it before any replica changed.
+        "--pull=never",
+        # No cgroup of its own: the container stays in the unit's, where systemd accounts for and stops it
+        # (and a systemd-nspawn host with cgroup v1 allows no other).
+        "--cgroups=disabled",
+        "--network=host",
+        "--ipc=host",
+        f"-v {STATE_DIR}:{STATE_DIR}",
+        f"-v {SHM_CACHE_ROOT}:{SHM_CACHE_ROOT}",
+        "-v /etc/gemmaserve:/etc/gemmaserve:ro",
+        f"-v {LIB_DIR}:{LIB_DIR}:ro",
+    ]
+    if vendor == "google":
+        # vLLM's TPU containers need the chips (privileged) and the host's /dev/shm for the XLA cache (https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html).
+        return [*flags, "--privileged", "-v /dev/shm:/dev/shm"]
+    if vendor == "amd":
+        # ROCm needs the render group and no seccomp filter for its kernel driver ioctls (vLLM's ROCm docs).
+        return [*flags, "--group-add=video", "--security-opt=seccomp=unconfined"]
+    # The host's user database names the gemmaserve user inside the container, so its files on the
+    # host's volumes keep one owner in both engines.
+    return [
+        *flags,
+        "--user=gemmaserve:gemmaserve",
+        "-v /etc/passwd:/etc/passwd:ro",
+        "-v /etc/group:/etc/group:ro",
+        "--cap-drop=all",
+        "--security-opt=no-new-privileges",
+        "--read-only",
+    ]
+
+
+def serving_container_flags(serving: Plan) -> str:
+    """`podman run` flags of vllm@.service: the shared ones, plus a name, the plan's environment, an init
+    that passes SIGTERM on to vLLM, and the HF token credential; each replica adds its devices."""
+    flags = ["--rm", "--name=vllm-%i", "--init", "--log-driver=passthrough", *container_flags(serving)]
+    # Exactly the plan's environment, by name: podman copies each value from the unit's environment.
+    flags += [f"--env={key}" for key in serving.replicas[0].env]
+    if serving.spec.secret:
+        flags.append("-v ${CREDENTIALS_DIRECTORY}:/run/credentials/vllm@%i.service:ro")
+    return " ".join(flags)
+
+
 def argcheck_command(serving: Plan) -> str:
     """vLLM's own parser, from the same engine that will serve: the venv, or the pinned image."""
     if serving.engine.kind == "wheel":
         return f"{serving.engine.venv}/bin/python {ARGCHECK}"
-    return (
-        f"/usr/bin/docker run --rm --network=none -v {LIB_DIR}:{LIB_DIR}:ro -v /etc/gemmaserve:/etc/gemmaserve:ro "
-        f"--entrypoint python3 {serving.engine.image} {ARGCHECK}"
-    )
+    flags = " ".join(["--rm", *container_flags(serving)])
+    return f"{CONTAINER_RUNTIME} run {flags} --entrypoint=python3 {serving.engine.image} {ARGCHECK}"
 
 
-def docker_run_flags(serving: Plan) -> str:
-    """`docker run` flags around the pinned image: host network, devices, shared memory, mounts."""
-    vendor = serving.accelerator.vendor
-    flags = [
-        "--rm",
-        "--name vllm-%i",
-        "--network=host",
-        "--ipc=host",
-        "--env-file /etc/gemmaserve/replica-%i.env",
-        f"-v {STATE_DIR}:{STATE_DIR}",
-        "-v /dev/shm/gemmaserve:/dev/shm/gemmaserve",
-        "-v /etc/gemmaserve:/etc/gemmaserve:ro",
-    ]
-    if serving.spec.secret:
-        flags.append("-v ${CREDENTIALS_DIRECTORY}:/run/credentials/vllm@%i.service:ro")
-    if vendor == "nvidia":
-        flags.append("--gpus device=${CUDA_VISIBLE_DEVICES}")
-    elif vendor == "amd":
-        flags += ["--device=/dev/kfd", "--device=/dev/dri", "--group-add=video", "--security-opt=seccomp=unconfined"]
-    elif vendor == "google":
-        # vLLM's TPU containers need the chips (privileged) and the host's /dev/shm for the XLA cache (https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html).
-        flags += ["--privileged", "-v /dev/shm:/dev/shm"]
-    return " ".join(flags)
+def argcheck_user(serving: Plan) -> str:
+    """Who runs the check: the serving user for a venv; root for podman (vLLM inside is --user)."""
+    return "gemmaserve" if serving.engine.kind == "wheel" else "root"
 
 
 def device_nodes(serving: Plan) -> list[str]:
@@ -149,16 +177,23 @@ def device_nodes(serving: Plan) -> list[str]:
 def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
     """Everything vllm@.service.j2 is rendered with."""
     fetch_unit = "gemmaserve-hf-token.service" if serving.spec.secret and serving.spec.secret.secret_manager else None
+    container = serving.engine.kind == "container"
+    shutdown = serving.spec.serving.shutdown_timeout
     return {
         "model": serving.model.hf_id,
         "vllm_executable": serving.engine.vllm_executable,
         "credential": serving.token_source_path,
         "fetch_unit": fetch_unit,
-        "container": serving.engine.kind == "container",
+        "container": container,
+        "runtime": CONTAINER_RUNTIME,
         "image": serving.engine.image,
-        "docker_flags": docker_run_flags(serving),
+        "container_flags": serving_container_flags(serving) if container else "",
         "devices": device_nodes(serving),
         "state_dir": STATE_DIR,
+        "haproxy_admin": HAPROXY_ADMIN,
+        "shutdown_timeout": shutdown,
+        # HAProxy's drain, then vLLM's own (each at most shutdown_timeout), then time to exit.
+        "stop_timeout": 2 * shutdown + 30,
         "nofile": settings.nofile,
         "timeout_start": settings.timeout_start,
         "stagger_checks": settings.stagger_checks,
@@ -206,7 +241,7 @@ def replicas(serving: Plan) -> None:
         running=None,
     )
     _remove_extra_replicas(serving)
-    check = argcheck_command(serving)
+    check, check_user = argcheck_command(serving), argcheck_user(serving)
     for replica in serving.replicas:
         live, content = env_path(replica.index), render_env(serving, replica, host.data.get(STORAGE_EMULATOR_KEY))
         env_owner(name=f"Fix the owner and mode of {live}", path=live, content=content, current=now.path(live))
@@ -215,6 +250,9 @@ def replicas(serving: Plan) -> None:
             path=live,
             content=content,
             check=check,
+            user=check_user,
+            replica=replica.index,
+            engine=serving.engine.image if serving.engine.kind == "container" else serving.engine.venv,
             current=now.path(live),
         )
 
@@ -258,18 +296,23 @@ def env_owner(path: str, content: str, current: PathState):
 
 
 @operation()
-def checked_env(path: str, content: str, check: str, current: PathState):
+def checked_env(path: str, content: str, check: str, user: str, replica: int, engine: str, current: PathState):
     """Stage replica-N.env, check its argv with vLLM's own parser exactly as systemd will expand it
-    (systemd-run with the same EnvironmentFile and $VLLM_ARGS), and only then install it."""
+    (systemd-run with the same EnvironmentFile and $VLLM_ARGS), and only then install it: a flag vLLM
+    rejects, or an engine that cannot run at all (an image without vLLM), stops here, before the
+    running replica is touched."""
     if same_content(current, content):
         host.noop(f"{path} already holds the planned flags")
         return
     pending = f"{path}.pending"
     yield from files.put._inner(src=StringIO(content), dest=pending, user="root", group="gemmaserve", mode="0640")
-    # As the serving user, so whatever vLLM creates while importing (cache dirs) stays its own.
+    # As the serving user (a venv) so whatever vLLM creates while importing stays its own; podman runs
+    # as root and starts vLLM as that user inside the image.
+    failed = f"replica {replica} (vllm@{replica}): vLLM in {engine} rejected its flags or could not run; the running replica was not touched"
     yield (
-        f"systemd-run --wait --pipe --quiet --collect -p User=gemmaserve -p Group=gemmaserve "
-        f"-p EnvironmentFile={pending} {check} -- '$VLLM_ARGS' && mv {pending} {path}"
+        f"systemd-run --wait --pipe --quiet --collect -p User={user} -p Group={user} "
+        f"-p EnvironmentFile={pending} {check} -- '$VLLM_ARGS' && mv {pending} {path} "
+        f"|| {{ rm -f {pending}; echo {shlex.quote(failed)} >&2; exit 1; }}"
     )
 
 

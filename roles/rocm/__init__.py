@@ -153,9 +153,6 @@ def rocm(serving: Plan) -> None:
         deb=settings.installer_deb,
     )
     device_groups(name=f"Add {SERVICE_USER} to the render and video groups")
-    if serving.engine.kind == "container":
-        # Containers get CONTAINER_DEVICES and DEVICE_GROUPS passed through by the replica unit.
-        apt.packages(name="Install Docker", packages=["docker.io"], no_recommends=True)
     reboot_for_amdgpu(
         name="Reboot into the new amdgpu driver",
         dkms=dkms,

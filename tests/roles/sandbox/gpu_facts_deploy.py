@@ -10,12 +10,12 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api.host import Host
 
-from roles.nvidia import NvidiaDockerRuntime, NvidiaGpuCount, NvidiaKernelModule
+from roles.nvidia import NvidiaCdiDevices, NvidiaGpuCount, NvidiaKernelModule
 
 FAKE = {
     NvidiaGpuCount: host.data.gemmaserve_gpu_facts["gpu_count"],
     NvidiaKernelModule: host.data.gemmaserve_gpu_facts.get("kernel_module"),
-    NvidiaDockerRuntime: host.data.gemmaserve_gpu_facts.get("docker_runtime", False),
+    NvidiaCdiDevices: host.data.gemmaserve_gpu_facts.get("cdi_devices", []),
 }
 _real_get_fact = Host.get_fact
 
