@@ -186,6 +186,9 @@ def demo(
     weights: str = typer.Option(
         "local", "--weights", help="local: the bound test model; bucket: mirror it into the sandbox's bucket, pull it."
     ),
+    engine: str = typer.Option(
+        "wheel", "--engine", help="wheel (the pinned venv) or container (the same vLLM from a locally built image)."
+    ),
 ) -> None:
     """Sandbox host -> real pyinfra deploy -> vLLM (CPU) + HAProxy -> verified endpoint."""
     from gemmaserve.sandbox.demo import DemoError, run_demo, run_demo_down
@@ -193,7 +196,7 @@ def demo(
     if weights not in ("local", "bucket"):
         _fail(f"error: --weights = {weights!r}: allowed: local, bucket", EXIT_BAD_INPUT)
     try:
-        run_demo_down() if down else run_demo(weights=weights)
+        run_demo_down() if down else run_demo(engine, weights=weights)
     except DemoError as error:
         _fail(f"demo failed: {error}", 1)
 

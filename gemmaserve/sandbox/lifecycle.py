@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gemmaserve.sandbox import cgroups, credentials, machine, network, rootfs, state
+from gemmaserve.sandbox.image import IMAGES_DIR
 from gemmaserve.sandbox.state import Host, State
 from gemmaserve.sandbox.system import Log, plain_log
 
-# Bound read-only when present: prebuilt vLLM venvs, and locally built test models (the catalog's
-# `tiny` model is served from /var/lib/gemmaserve/models/tiny-gemma4).
-DEFAULT_BINDS = ("/opt/gemmaserve/venvs", "/var/lib/gemmaserve/models")
+# Bound read-only when present: prebuilt vLLM venvs, locally built test models (the catalog's `tiny`
+# model is served from /var/lib/gemmaserve/models/tiny-gemma4) and the locally built serving image.
+DEFAULT_BINDS = ("/opt/gemmaserve/venvs", "/var/lib/gemmaserve/models", str(IMAGES_DIR))
 
 
 @dataclass

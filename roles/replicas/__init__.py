@@ -219,11 +219,29 @@ def replicas(serving: Plan) -> None:
         content=program_source("replicas", "replica_ready.py"),
         current=now.path(READY),
     )
+    unit_text = render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, settings))
+    # First vLLM's own parser, inside the engine the new unit will run (the venv or the pinned image),
+    # for every replica whose flags or engine change: a rejected flag or an engine that cannot run at
+    # all stops the deploy here, before a unit, an environment or a running replica changes.
+    check, check_user = argcheck_command(serving), argcheck_user(serving)
+    engine = serving.engine.image if serving.engine.kind == "container" else serving.engine.venv
+    envs = {}
+    for replica in serving.replicas:
+        live, content = env_path(replica.index), render_env(serving, replica, host.data.get(STORAGE_EMULATOR_KEY))
+        env_owner(name=f"Fix the owner and mode of {live}", path=live, content=content, current=now.path(live))
+        envs[replica.index] = checked_env(
+            name=f"Check replica {replica.index}'s vLLM flags with vLLM's own parser, then install them",
+            path=live,
+            content=content,
+            check=check,
+            user=check_user,
+            replica=replica.index,
+            engine=engine,
+            unit_changes=not same_content(now.path(UNIT_PATH), unit_text),
+            current=now.path(live),
+        )
     unit = managed_file(
-        name="Install the vllm@.service template",
-        dest=UNIT_PATH,
-        content=render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, settings)),
-        current=now.path(UNIT_PATH),
+        name="Install the vllm@.service template", dest=UNIT_PATH, content=unit_text, current=now.path(UNIT_PATH)
     )
     target = managed_file(
         name="Install gemmaserve.target",
@@ -241,22 +259,9 @@ def replicas(serving: Plan) -> None:
         running=None,
     )
     _remove_extra_replicas(serving)
-    check, check_user = argcheck_command(serving), argcheck_user(serving)
     for replica in serving.replicas:
-        live, content = env_path(replica.index), render_env(serving, replica, host.data.get(STORAGE_EMULATOR_KEY))
-        env_owner(name=f"Fix the owner and mode of {live}", path=live, content=content, current=now.path(live))
-        env = checked_env(
-            name=f"Check replica {replica.index}'s vLLM flags with vLLM's own parser, then install them",
-            path=live,
-            content=content,
-            check=check,
-            user=check_user,
-            replica=replica.index,
-            engine=serving.engine.image if serving.engine.kind == "container" else serving.engine.venv,
-            current=now.path(live),
-        )
 
-        def changed(env=env) -> bool:
+        def changed(env=envs[replica.index]) -> bool:
             return unit.did_change() or env.did_change()
 
         # Rolling restart: no new requests for this replica, its running ones finish, then it restarts;
@@ -296,23 +301,27 @@ def env_owner(path: str, content: str, current: PathState):
 
 
 @operation()
-def checked_env(path: str, content: str, check: str, user: str, replica: int, engine: str, current: PathState):
+def checked_env(
+    path: str, content: str, check: str, user: str, replica: int, engine: str, unit_changes: bool, current: PathState
+):
     """Stage replica-N.env, check its argv with vLLM's own parser exactly as systemd will expand it
-    (systemd-run with the same EnvironmentFile and $VLLM_ARGS), and only then install it: a flag vLLM
-    rejects, or an engine that cannot run at all (an image without vLLM), stops here, before the
-    running replica is touched."""
-    if same_content(current, content):
+    (systemd-run with the same EnvironmentFile and $VLLM_ARGS), and only then install it. With the same
+    flags but a new unit (another image or venv), check them in the new engine all the same."""
+    if same_content(current, content) and not unit_changes:
         host.noop(f"{path} already holds the planned flags")
         return
-    pending = f"{path}.pending"
-    yield from files.put._inner(src=StringIO(content), dest=pending, user="root", group="gemmaserve", mode="0640")
+    failed = f"replica {replica} (vllm@{replica}): vLLM in {engine} rejected its flags or could not run; the running replica was not touched"
+    staged = path if same_content(current, content) else f"{path}.pending"
+    if staged != path:
+        yield from files.put._inner(src=StringIO(content), dest=staged, user="root", group="gemmaserve", mode="0640")
     # As the serving user (a venv) so whatever vLLM creates while importing stays its own; podman runs
     # as root and starts vLLM as that user inside the image.
-    failed = f"replica {replica} (vllm@{replica}): vLLM in {engine} rejected its flags or could not run; the running replica was not touched"
+    install = f" && mv {staged} {path}" if staged != path else ""
+    cleanup = f"rm -f {staged}; " if staged != path else ""
     yield (
         f"systemd-run --wait --pipe --quiet --collect -p User={user} -p Group={user} "
-        f"-p EnvironmentFile={pending} {check} -- '$VLLM_ARGS' && mv {pending} {path} "
-        f"|| {{ rm -f {pending}; echo {shlex.quote(failed)} >&2; exit 1; }}"
+        f"-p EnvironmentFile={staged} {check} -- '$VLLM_ARGS'{install} "
+        f"|| {{ {cleanup}echo {shlex.quote(failed)} >&2; exit 1; }}"
     )
 
 

@@ -12,6 +12,7 @@ import yaml
 
 from gemmaserve.ops import fleet
 from gemmaserve.ops.endpoint import CITY_SCHEMA, WEATHER_TOOL, check_endpoint, schema_problems
+from gemmaserve.ops.verify.processes import server_pid
 from gemmaserve.plan import plan
 from gemmaserve.sandbox.profile import OVERRIDE_ENV, sandbox_host_data
 from gemmaserve.sources import load_stack_spec, spec_from_host_data
@@ -262,7 +263,7 @@ def test_replica_env_file_matches_the_plan(deployed, sandbox_host, sandbox_plan)
 
 
 def test_vllm_runs_the_planned_argv(deployed, sandbox_host, sandbox_plan):
-    pid = sandbox_host.run("systemctl show -p MainPID --value vllm@0").stdout.strip()
+    pid = server_pid(sandbox_host, 0)
     cmdline = sandbox_host.file(f"/proc/{pid}/cmdline").content_string.split("\0")
     assert cmdline[cmdline.index("serve") + 1 :][:-1] == sandbox_plan.replicas[0].argv[2:]
 
