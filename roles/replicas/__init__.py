@@ -59,6 +59,11 @@ def env_path(index: int) -> str:
     return f"/etc/gemmaserve/replica-{index}.env"
 
 
+def container_env_path(index: int | str) -> str:
+    """The container's environment (podman --env-file): the plan's, and nothing of the unit's."""
+    return f"/etc/gemmaserve/replica-{index}.container.env"
+
+
 def replica_args(replica: ReplicaPlan) -> str:
     """argv after `vllm serve`, as systemd will word-split $VLLM_ARGS.
 
@@ -86,10 +91,13 @@ def emulator_env(serving: Plan, emulator: str | None) -> dict[str, str]:
 
 
 def render_env(serving: Plan, replica: ReplicaPlan, emulator: str | None = None) -> str:
+    """replica-N.env, the unit's environment: with a venv, the plan's environment for vLLM too; under
+    podman only what the unit's own commands use, so podman never runs with vLLM's TMPDIR or caches."""
     previous = serving.replicas[replica.index - 1] if replica.index else None
-    env = {**replica.env, **emulator_env(serving, emulator)}
-    env["GEMMASERVE_CACHE_DIRS"] = " ".join(env[k] for k in CACHE_ENV_KEYS if k in env)
-    if serving.engine.kind == "container":
+    container = serving.engine.kind == "container"
+    env = {} if container else {**replica.env, **emulator_env(serving, emulator)}
+    env["GEMMASERVE_CACHE_DIRS"] = " ".join(replica.env[k] for k in CACHE_ENV_KEYS if k in replica.env)
+    if container:
         env["GEMMASERVE_CONTAINER_DEVICES"] = " ".join(f"--device={d}" for d in replica.container_devices)
     return render(
         TEMPLATES / "replica.env.j2",
@@ -100,6 +108,16 @@ def render_env(serving: Plan, replica: ReplicaPlan, emulator: str | None = None)
         health_url=replica.health_url,
         args=replica_args(replica),
     )
+
+
+def render_container_env(replica: ReplicaPlan, extra: dict[str, str] | None = None) -> str:
+    """replica-N.container.env: the plan's environment for vLLM inside the container (plus `extra`)."""
+    lines = [
+        f"# Rendered by gemmaserve (roles/replicas) from the plan: replica {replica.index}'s container environment.",
+        "# No secrets here: the HF token is a systemd credential, mounted read-only (HF_TOKEN_PATH).",
+        *(f"{key}={value}" for key, value in {**replica.env, **(extra or {})}.items()),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def container_flags(serving: Plan) -> list[str]:
@@ -140,11 +158,10 @@ def container_flags(serving: Plan) -> list[str]:
 
 
 def serving_container_flags(serving: Plan) -> str:
-    """`podman run` flags of vllm@.service: the shared ones, plus a name, the plan's environment, an init
-    that passes SIGTERM on to vLLM, and the HF token credential; each replica adds its devices."""
+    """`podman run` flags of vllm@.service: the shared ones, plus a name, the replica's environment file,
+    an init that passes SIGTERM on to vLLM, and the HF token credential; each replica adds its devices."""
     flags = ["--rm", "--name=vllm-%i", "--init", "--log-driver=passthrough", *container_flags(serving)]
-    # Exactly the plan's environment, by name: podman copies each value from the unit's environment.
-    flags += [f"--env={key}" for key in serving.replicas[0].env]
+    flags.append(f"--env-file={container_env_path('%i')}")
     if serving.spec.secret:
         flags.append("-v ${CREDENTIALS_DIRECTORY}:/run/credentials/vllm@%i.service:ro")
     return " ".join(flags)
@@ -208,9 +225,11 @@ def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
 def replicas(serving: Plan) -> None:
     settings = Settings.from_host(host)
     names = [r.unit for r in serving.replicas]
+    container = serving.engine.kind == "container"
+    container_envs = {r.index: container_env_path(r.index) for r in serving.replicas} if container else {}
     now = HostState(
         host,
-        paths=[UNIT_PATH, TARGET_PATH, READY, *(env_path(r.index) for r in serving.replicas)],
+        paths=[UNIT_PATH, TARGET_PATH, READY, *(env_path(r.index) for r in serving.replicas), *container_envs.values()],
         units=["gemmaserve.target", *names],
     )
     managed_file(
@@ -240,6 +259,19 @@ def replicas(serving: Plan) -> None:
             unit_changes=not same_content(now.path(UNIT_PATH), unit_text),
             current=now.path(live),
         )
+    # Under podman, the plan's environment goes to the container alone.
+    container_env = {
+        replica.index: managed_file(
+            name=f"Install replica {replica.index}'s container environment",
+            dest=container_envs[replica.index],
+            content=render_container_env(replica, emulator_env(serving, host.data.get(STORAGE_EMULATOR_KEY))),
+            group="gemmaserve",
+            mode="0640",
+            current=now.path(container_envs[replica.index]),
+        )
+        for replica in serving.replicas
+        if container
+    }
     unit = managed_file(
         name="Install the vllm@.service template", dest=UNIT_PATH, content=unit_text, current=now.path(UNIT_PATH)
     )
@@ -261,8 +293,8 @@ def replicas(serving: Plan) -> None:
     _remove_extra_replicas(serving)
     for replica in serving.replicas:
 
-        def changed(env=envs[replica.index]) -> bool:
-            return unit.did_change() or env.did_change()
+        def changed(env=envs[replica.index], other=container_env.get(replica.index)) -> bool:
+            return unit.did_change() or env.did_change() or (other is not None and other.did_change())
 
         # Rolling restart: no new requests for this replica, its running ones finish, then it restarts;
         # the others keep serving (roles/router/files/haproxy_admin.py).
@@ -346,6 +378,9 @@ def _remove_extra_replicas(serving: Plan) -> None:
             enabled=False,
         )
         files.file(name=f"Remove replica {index}'s environment", path=env_path(index), present=False)
+        files.file(
+            name=f"Remove replica {index}'s container environment", path=container_env_path(index), present=False
+        )
 
 
 def _wait_healthy(replica: ReplicaPlan, settings: Settings, _if) -> None:

@@ -23,7 +23,7 @@ from gemmaserve.sandbox.profile import container_engine_data, sandbox_host_data
 from gemmaserve.sources import load_stack_spec, spec_from_host_data
 from gemmaserve.spec import parse_spec
 from roles._lib.render import render
-from roles.replicas import TEMPLATES, argcheck_command, render_env, unit_context
+from roles.replicas import TEMPLATES, argcheck_command, render_container_env, render_env, unit_context
 from roles.vllm import CREDENTIAL_HELPER, CREDENTIAL_HELPER_NAME, registry_auth
 from tests.roles.sandbox.test_deploy import (  # noqa: F401 - fixtures and tests collected again here
     client,
@@ -129,7 +129,7 @@ def test_replica_runs_the_image_by_digest(two_replicas, sandbox_host, served_ima
 
 
 def test_container_environment_is_exactly_the_plans(two_replicas, sandbox_host):
-    """podman passes the plan's variables by name: nothing of the unit's own (VLLM_ARGS, GEMMASERVE_*)."""
+    """The container gets the plan's variables, nothing of the unit's own (VLLM_ARGS, GEMMASERVE_*)."""
     _, serving, _, _ = two_replicas
     env = dict(e.split("=", 1) for e in json.loads(inspect(sandbox_host, "vllm-1", "{{json .Config.Env}}")))
     assert {k: env[k] for k in serving.replicas[1].env} == serving.replicas[1].env
@@ -306,11 +306,14 @@ def test_podman_gives_each_gpu8_replica_its_own_gpus(two_replicas, sandbox_host,
         f"--entrypoint=/bin/sh {served_image.reference} -c 'ls /dev; echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES'",
     )
     env_file = f"/tmp/gpu8-replica-{index}.env"
+    container_env = f"/etc/gemmaserve/replica-gpu{index}.container.env"
     sandbox_host.run(f"cat > {env_file} <<'EOF'\n{render_env(serving, replica)}\nEOF")
+    sandbox_host.run(f"cat > {container_env} <<'EOF'\n{render_container_env(replica)}\nEOF")
     result = sandbox_host.run(
         f"timeout 120 systemd-run --wait --pipe --quiet --collect -p EnvironmentFile={env_file} "
         f"-p LoadCredential=hf-token:/etc/gemmaserve/hf-token -p User=root {probe}"
     )
+    sandbox_host.run(f"rm -f {env_file} {container_env}")
     assert result.rc == 0, result.stderr
     devices = sorted(re.findall(r"^nvidia(\d+)$", result.stdout, re.M))
     assert devices == [str(d) for d in replica.devices]

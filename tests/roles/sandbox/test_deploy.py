@@ -256,10 +256,12 @@ def test_haproxy_routes_least_connections(deployed, sandbox_host):
 
 
 def test_replica_env_file_matches_the_plan(deployed, sandbox_host, sandbox_plan):
-    content = sandbox_host.file("/etc/gemmaserve/replica-0.env").content_string
+    # vLLM's environment: the unit's env file with a venv, the container's own under podman.
+    path = "/etc/gemmaserve/replica-0" + (".container.env" if sandbox_plan.engine.kind == "container" else ".env")
+    content = sandbox_host.file(path).content_string
     for key, value in sandbox_plan.replicas[0].env.items():
         assert f"{key}={value}\n" in content
-    assert sandbox_host.file("/etc/gemmaserve/replica-0.env").mode == 0o640
+    assert sandbox_host.file(path).mode == 0o640
 
 
 def test_vllm_runs_the_planned_argv(deployed, sandbox_host, sandbox_plan):
