@@ -124,7 +124,9 @@ def inspect(sandbox_host, what: str, fmt: str) -> str:
 
 @pytest.mark.parametrize("index", [0, 1])
 def test_replica_runs_the_image_by_digest(two_replicas, sandbox_host, served_image, index):
-    assert inspect(sandbox_host, f"vllm-{index}", "{{.ImageName}}") == served_image.reference
+    # podman records a reference by digest without its tag: the digest is what runs.
+    repository = served_image.by_tag.rsplit(":", 1)[0]
+    assert inspect(sandbox_host, f"vllm-{index}", "{{.ImageName}}") == f"{repository}@{served_image.digest}"
     assert inspect(sandbox_host, f"vllm-{index}", "{{.ImageDigest}}") == served_image.digest
 
 
@@ -309,9 +311,10 @@ def test_podman_gives_each_gpu8_replica_its_own_gpus(two_replicas, sandbox_host,
     container_env = f"/etc/gemmaserve/replica-gpu{index}.container.env"
     sandbox_host.run(f"cat > {env_file} <<'EOF'\n{render_env(serving, replica)}\nEOF")
     sandbox_host.run(f"cat > {container_env} <<'EOF'\n{render_container_env(replica)}\nEOF")
+    # Quoted for the shell: systemd, not bash, expands $VLLM_ARGS, ${CREDENTIALS_DIRECTORY} and the devices.
     result = sandbox_host.run(
         f"timeout 120 systemd-run --wait --pipe --quiet --collect -p EnvironmentFile={env_file} "
-        f"-p LoadCredential=hf-token:/etc/gemmaserve/hf-token -p User=root {probe}"
+        f"-p LoadCredential=hf-token:/etc/gemmaserve/hf-token -p User=root {shlex.join(shlex.split(probe))}"
     )
     sandbox_host.run(f"rm -f {env_file} {container_env}")
     assert result.rc == 0, result.stderr
