@@ -65,7 +65,8 @@ def bench_command(
     """The `vllm bench serve` line for one point, run on the host against its own HAProxy at `base_url`
     (https://ADDRESS:PORT, the name its certificate carries). The API key arrives on standard input and
     reaches vLLM's benchmark as OPENAI_API_KEY (never on a command line); `ca_cert` (a file on the host)
-    is what its TLS client trusts (SSL_CERT_FILE)."""
+    is what its TLS client trusts (SSL_CERT_FILE; in container mode a file under RESULT_DIR, which the
+    container mounts)."""
     model = serving.model
     tokenizer = model.local_dir or model.hf_id
     if serving.engine.kind == "wheel":
@@ -75,8 +76,7 @@ def bench_command(
         vllm = (
             f"{CONTAINER_RUNTIME} run --rm --pull=never --cgroups=disabled --network=host -v {STATE_DIR}:{STATE_DIR} "
             f"-v {RESULT_DIR}:{RESULT_DIR} -e HF_HOME={HF_HOME} -e OPENAI_API_KEY "
-            + (f"-v {ca_cert}:{ca_cert}:ro -e SSL_CERT_FILE " if ca_cert else "")
-            + f"--entrypoint vllm {serving.engine.image}"
+            f"{'-e SSL_CERT_FILE ' if ca_cert else ''}--entrypoint vllm {serving.engine.image}"
         )
     env = f"HF_HOME={HF_HOME} " + ("HF_HUB_OFFLINE=1 " if model.is_test_model else "")
     if ca_cert:

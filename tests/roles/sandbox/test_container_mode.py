@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gemmaserve.ops import fleet
+from gemmaserve.ops.bench import RESULT_DIR, bench_command
 from gemmaserve.ops.verify.processes import server_pid
 from gemmaserve.plan import plan
 from gemmaserve.sandbox import state
@@ -55,7 +57,7 @@ from tests.roles.sandbox.test_resilience import (  # noqa: F401 - tests collecte
     test_token_reaches_vllm_as_a_credential,
     two_replica_data,
 )
-from tests.sandbox_fixtures import bring_up, deploy, wait_until
+from tests.sandbox_fixtures import bring_up, deploy, sandbox_endpoint, wait_until
 
 pytestmark = pytest.mark.sandbox
 
@@ -322,6 +324,22 @@ def test_podman_gives_each_gpu8_replica_its_own_gpus(two_replicas, sandbox_host,
     assert devices == [str(d) for d in replica.devices]
     assert "nvidiactl" in result.stdout.split()
     assert "CUDA_VISIBLE_DEVICES=0,1" in result.stdout
+
+
+def test_vllm_bench_runs_from_the_image(two_replicas, sandbox_host):
+    """`gemmaserve bench`'s command in container mode, run by the real podman: the image's own `vllm bench
+    serve` through HAProxy over TLS (the sandbox's CA under the mounted result directory), the key on stdin."""
+    host, serving, _, _ = two_replicas
+    balancer = sandbox_endpoint(host)
+    ca = f"{RESULT_DIR}/ca.pem"
+    pem = Path(balancer.credentials.ca_cert).read_text()
+    sandbox_host.run(f"mkdir -p {RESULT_DIR} && cat > {ca} <<'EOF'\n{pem}\nEOF")
+    command = bench_command(serving, "balanced", 8, 4, 1, 2, balancer.root, ca)
+    assert command.count(f"{PODMAN} run ") == 1
+    rc, _, _ = fleet.run_with_secret(sandbox_host, command, balancer.credentials.api_key)
+    assert rc == 0, sandbox_host.run(f"tail -20 {RESULT_DIR}/balanced-c1.log").stdout
+    raw = json.loads(sandbox_host.run(f"cat {RESULT_DIR}/balanced-c1.json").stdout)
+    assert raw["completed"] == 2 and raw.get("failed", 0) == 0
 
 
 # --- Artifact Registry credentials ----------------------------------------------------------------
