@@ -299,31 +299,93 @@ def test_podman_gives_each_gpu8_replica_its_own_gpus(two_replicas, sandbox_host,
     spec["engine"] = {"kind": "container", "image": served_image.reference}
     serving = plan(parse_spec(spec)).require_ok()
     replica = serving.replicas[index]
+    result = run_unit_command(
+        sandbox_host,
+        serving,
+        replica,
+        served_image.reference,
+        "ls /dev; env",  # no $VAR: systemd would expand it before the container's shell
+    )
+    assert result.rc == 0, result.stderr
+    devices = sorted(re.findall(r"^nvidia(\d+)$", result.stdout, re.M))
+    assert devices == [str(d) for d in replica.devices]
+    assert "nvidiactl" in result.stdout.split()
+    assert "CUDA_VISIBLE_DEVICES=0,1" in result.stdout.splitlines()
+
+
+def run_unit_command(sandbox_host, serving, replica, image: str, shell: str):
+    """Replica `replica`'s ExecStart, expanded by systemd from its env file exactly as vllm@N.service will,
+    with `/bin/sh -c shell` in the image instead of `vllm serve`: what the container gets."""
     exec_start = next(
         line.removeprefix("ExecStart=+")
         for line in render(TEMPLATES / "vllm@.service.j2", **unit_context(serving)).splitlines()
         if line.startswith("ExecStart=")
     )
-    # The unit's own command, with a shell instead of `vllm serve` to show what the container gets.
-    probe = exec_start.replace("%i", f"gpu{index}").replace(
-        f"{served_image.reference} serve $VLLM_ARGS",
-        f"--entrypoint=/bin/sh {served_image.reference} -c 'ls /dev; echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES'",
+    name = f"probe{replica.index}"
+    probe = exec_start.replace("%i", name).replace(
+        f"{image} serve $VLLM_ARGS", f"--entrypoint=/bin/sh {image} -c {shlex.quote(shell)}"
     )
-    env_file = f"/tmp/gpu8-replica-{index}.env"
-    container_env = f"/etc/gemmaserve/replica-gpu{index}.container.env"
+    env_file = f"/tmp/{name}.env"
+    container_env = f"/etc/gemmaserve/replica-{name}.container.env"
     sandbox_host.run(f"cat > {env_file} <<'EOF'\n{render_env(serving, replica)}\nEOF")
     sandbox_host.run(f"cat > {container_env} <<'EOF'\n{render_container_env(replica)}\nEOF")
-    # Quoted for the shell: systemd, not bash, expands $VLLM_ARGS, ${CREDENTIALS_DIRECTORY} and the devices.
-    result = sandbox_host.run(
-        f"timeout 120 systemd-run --wait --pipe --quiet --collect -p EnvironmentFile={env_file} "
-        f"-p LoadCredential=hf-token:/etc/gemmaserve/hf-token -p User=root {shlex.join(shlex.split(probe))}"
+    try:
+        # Quoted for the shell: systemd, not bash, expands $VLLM_ARGS, ${CREDENTIALS_DIRECTORY} and the devices.
+        return sandbox_host.run(
+            f"timeout 120 systemd-run --wait --pipe --quiet --collect -p EnvironmentFile={env_file} "
+            f"-p LoadCredential=hf-token:/etc/gemmaserve/hf-token -p User=root {shlex.join(shlex.split(probe))}"
+        )
+    finally:
+        sandbox_host.run(f"rm -f {env_file} {container_env}")
+
+
+@pytest.fixture(scope="module")
+def amd_host_files(two_replicas, sandbox_host):
+    """ROCm's device nodes (amdgpu's kfd and a DRM render node, with their real major numbers' shape)."""
+    made = "[ -e /dev/kfd ] || mknod -m 666 /dev/kfd c 235 0; mkdir -p /dev/dri; "
+    made += "[ -e /dev/dri/renderD128 ] || mknod -m 666 /dev/dri/renderD128 c 226 128"
+    assert sandbox_host.run(made).rc == 0
+    yield
+    sandbox_host.run("rm -f /dev/kfd /dev/dri/renderD128")
+
+
+def test_podman_runs_an_amd_replicas_unit_command(two_replicas, sandbox_host, served_image, amd_host_files):
+    """mi300x in container mode: the real podman accepts the unit's flags (kfd and the DRM tree, the video
+    group, no seccomp filter) and vLLM's process runs as the gemmaserve user in the video group."""
+    serving = plan(
+        parse_spec(
+            {
+                "model": "31b",
+                "accelerator": {"kind": "mi300x", "count": 8},
+                "engine": {"kind": "container", "image": served_image.reference},
+            }
+        )
+    ).require_ok()
+    result = run_unit_command(
+        sandbox_host, serving, serving.replicas[0], served_image.reference, "id; ls /dev /dev/dri"
     )
-    sandbox_host.run(f"rm -f {env_file} {container_env}")
     assert result.rc == 0, result.stderr
-    devices = sorted(re.findall(r"^nvidia(\d+)$", result.stdout, re.M))
-    assert devices == [str(d) for d in replica.devices]
-    assert "nvidiactl" in result.stdout.split()
-    assert "CUDA_VISIBLE_DEVICES=0,1" in result.stdout
+    assert "uid=" in result.stdout and "(gemmaserve)" in result.stdout and "(video)" in result.stdout
+    assert {"kfd", "renderD128"} <= set(result.stdout.split())
+
+
+def test_podman_runs_a_tpu_replicas_unit_command(two_replicas, sandbox_host, served_image):
+    """tpu-v6e4 in container mode: the real podman accepts the unit's flags (privileged, the host's /dev/shm
+    for the XLA cache) and the plan's environment reaches the process."""
+    spec = load_stack_spec("tpu-v6e4", ROOT).model_dump(exclude_none=True)
+    spec["engine"] = {"kind": "container", "image": served_image.reference}
+    serving = plan(parse_spec(spec)).require_ok()
+    replica = serving.replicas[0]
+    marker = "gemmaserve-tpu-probe"
+    sandbox_host.run(f"touch /dev/shm/{marker}")
+    try:
+        result = run_unit_command(sandbox_host, serving, replica, served_image.reference, "ls /dev/shm; env")
+    finally:
+        sandbox_host.run(f"rm -f /dev/shm/{marker}")
+    assert result.rc == 0, result.stderr
+    assert marker in result.stdout.split()
+    for key, value in replica.env.items():
+        assert f"{key}={value}" in result.stdout.splitlines()
 
 
 def test_vllm_bench_runs_from_the_image(two_replicas, sandbox_host):
