@@ -141,13 +141,9 @@ def container_flags(serving: Plan) -> list[str]:
     if vendor == "google":
         # vLLM's TPU containers need the chips (privileged) and the host's /dev/shm for the XLA cache (https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html).
         return [*flags, "--privileged", "-v /dev/shm:/dev/shm"]
-    if vendor == "amd":
-        # ROCm needs the render group and no seccomp filter for its kernel driver ioctls (vLLM's ROCm docs).
-        return [*flags, "--group-add=video", "--security-opt=seccomp=unconfined"]
     # The host's user database names the gemmaserve user inside the container, so its files on the
     # host's volumes keep one owner in both engines.
-    return [
-        *flags,
+    confined = [
         "--user=gemmaserve:gemmaserve",
         "-v /etc/passwd:/etc/passwd:ro",
         "-v /etc/group:/etc/group:ro",
@@ -155,6 +151,12 @@ def container_flags(serving: Plan) -> list[str]:
         "--security-opt=no-new-privileges",
         "--read-only",
     ]
+    if vendor == "amd":
+        # ROCm's device nodes belong to the video and render groups (the rocm role makes gemmaserve a member
+        # of both, which the mounted /etc/group carries in); no seccomp filter for its kernel driver's
+        # ioctls (vLLM's ROCm docs).
+        return [*flags, *confined, "--group-add=video", "--security-opt=seccomp=unconfined"]
+    return [*flags, *confined]
 
 
 def serving_container_flags(serving: Plan) -> str:
