@@ -51,11 +51,12 @@ from tests.roles.sandbox.test_resilience import (  # noqa: F401 - tests collecte
     test_reboot_under_load_with_a_second_host_serving,
     test_rolling_restart_keeps_serving_and_restarts_every_changed_replica,
     test_sigkilled_replica_loses_no_request_and_is_restarted,
-    test_token_absent,
-    test_token_absent_from_pyinfra_output,
+    test_token_and_api_key_absent,
+    test_token_and_api_key_absent_from_pyinfra_output,
     test_token_file_on_disk_is_root_only,
     test_token_reaches_vllm_as_a_credential,
     two_replica_data,
+    used_api_key,
 )
 from tests.sandbox_fixtures import bring_up, deploy, sandbox_endpoint, wait_until
 
@@ -170,10 +171,11 @@ def test_podman_runs_no_daemon(two_replicas, sandbox_host):
         ("the containers' environment", f"{PODMAN} exec vllm-0 env; {PODMAN} exec vllm-1 env"),
     ],
 )
-def test_token_absent_from_container_state(two_replicas, sandbox_host, where, command):
+def test_token_and_api_key_absent_from_container_state(used_api_key, sandbox_host, where, command):
     output = sandbox_host.run(command).stdout
     assert len(output) > 100, f"{where}: nothing read, the check would be vacuous"
     assert TOKEN not in output
+    assert used_api_key not in output
 
 
 def test_token_absent_from_image_layers_and_container_storage(two_replicas, sandbox_host):
