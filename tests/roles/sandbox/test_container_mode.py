@@ -171,7 +171,7 @@ def test_podman_runs_no_daemon(two_replicas, sandbox_host):
         ("the containers' environment", f"{PODMAN} exec vllm-0 env; {PODMAN} exec vllm-1 env"),
     ],
 )
-def test_token_and_api_key_absent_from_container_state(used_api_key, sandbox_host, where, command):
+def test_token_and_api_key_absent_from_container_state(used_api_key, sandbox_host, where, command):  # noqa: F811
     output = sandbox_host.run(command).stdout
     assert len(output) > 100, f"{where}: nothing read, the check would be vacuous"
     assert TOKEN not in output
