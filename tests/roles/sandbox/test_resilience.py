@@ -257,8 +257,10 @@ def test_reboot_under_load_with_a_second_host_serving(two_replicas, sandbox_host
         wait_until(lambda: load.ok >= 6, 120, "the load to start")
         wait_until(lambda: backend_busy(sandbox_host) >= 1, 60, "requests running on the rebooting host")
         began = time.monotonic()
-        # Later tests hold this same Host record: keep its PID current.
-        host.pid = lifecycle.reboot(host.name).pid
+        # Later tests hold this same Host record: keep its PID current. A graceful shutdown under load takes
+        # HAProxy's soft stop, then vLLM's own drain (each at most the shutdown timeout), not the 30 s an
+        # idle host needs.
+        host.pid = lifecycle.reboot(host.name, timeout=2 * SHUTDOWN_TIMEOUT + 30).pid
         down_s = time.monotonic() - began
         sandbox_host.backend.__dict__.pop("client", None)
         wait_until(lambda: all_up(sandbox_host), 300, "both replicas UP after the reboot")
