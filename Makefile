@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 GEMMASERVE := $(VENV)/bin/gemmaserve
+# make demo ENGINE=container: the same demo from a locally built image under podman.
+ENGINE ?= wheel
 
 .PHONY: venv system-packages test test-unit lint demo demo-down
 
@@ -30,7 +32,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 
 demo: venv
-	$(GEMMASERVE) demo
+	$(GEMMASERVE) demo --engine $(ENGINE)
 
 demo-down: venv
 	$(GEMMASERVE) demo --down

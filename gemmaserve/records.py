@@ -14,6 +14,21 @@ from pydantic import Field
 from gemmaserve.plan import Plan
 from gemmaserve.spec import SpecError, Strict, validate_model
 
+Provisioning = Literal["standard", "guaranteed", "reserved", "spot", "flex-start"]
+
+
+class HostCapacity(Strict):
+    """How a host was bought (host data `gemmaserve_capacity`): can the cloud take it back, with a notice?"""
+
+    kind: Literal["tpu-vm", "gce-vm", "static"] = "static"
+    provisioning: Provisioning = "standard"
+
+    @property
+    def preemptible(self) -> bool:
+        """Spot and flex-start capacity can be reclaimed; TPU VMs do not live-migrate, so maintenance ends
+        them (cloud.google.com/tpu/docs/maintenance-events): all get a notice on the metadata server."""
+        return self.provisioning in ("spot", "flex-start") or self.kind == "tpu-vm"
+
 
 class ReplicaRecord(Strict):
     index: int = Field(ge=0)
@@ -38,6 +53,8 @@ class HostRecord(Strict):
     # tpu-vm (reach with `gcloud compute tpus tpu-vm ssh --tunnel-through-iap`) or gce-vm (IAP SSH).
     kind: Literal["tpu-vm", "gce-vm"]
     instance_type: str
+    # What the capacity is: spot and flex-start hosts (and TPU VMs) get the preemption drain.
+    provisioning: Provisioning = "standard"
     accelerator: AcceleratorRecord
     router_port: int = Field(ge=1, le=65535)
     replicas: list[ReplicaRecord]
@@ -54,6 +71,7 @@ class HostRecord(Strict):
         ssh_user: str | None,
         kind: str,
         instance_type: str,
+        provisioning: str = "standard",
     ) -> HostRecord:
         return cls(
             name=name,
@@ -63,6 +81,7 @@ class HostRecord(Strict):
             ssh_user=ssh_user,
             kind=kind,
             instance_type=instance_type,
+            provisioning=provisioning,
             accelerator=AcceleratorRecord(kind=serving.accelerator.name, count=serving.spec.accelerator.count),
             router_port=serving.router_port,
             replicas=[
@@ -72,6 +91,10 @@ class HostRecord(Strict):
                 for r in serving.replicas
             ],
         )
+
+    @property
+    def capacity(self) -> HostCapacity:
+        return HostCapacity(kind=self.kind, provisioning=self.provisioning)
 
     @property
     def address(self) -> str:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gemmaserve.spec import Spec, SpecError, parse_spec
+from gemmaserve.spec import Spec, SpecError, parse_spec, validate_model
 
 NAMESPACE = "gemmaserve"
 # The spec's own top-level fields, as the model declares them.
@@ -24,7 +26,31 @@ HOST_OTHER_KEYS = (
     "gemmaserve_allow_reboot",
     "gemmaserve_gpu_facts",
     "gemmaserve_storage_emulator_host",
+    "gemmaserve_capacity",
 )
+# Cloud resource names of a stack start with this; 20 characters leave room for suffixes everywhere
+# (service account ids allow 30, "-hosts" is appended).
+PREFIX_LENGTH = 20
+
+
+def stack_prefix(stack: str) -> str:
+    """'tpu-v6e4' -> 'gs-tpu-v6e4': lowercase, starts with a letter, at most 20 characters. A longer stack
+    name keeps a hash of the whole, so two long names that share a beginning never share a prefix."""
+    full = ("gs-" + re.sub(r"[^a-z0-9-]", "-", stack.lower())).rstrip("-")
+    if len(full) <= PREFIX_LENGTH:
+        return full
+    digest = hashlib.sha256(stack.encode()).hexdigest()[:4]
+    return f"{full[: PREFIX_LENGTH - 5].rstrip('-')}-{digest}"
+
+
+def stack_secret_name(stack: str, secret: str) -> str:
+    """The Secret Manager secret `secret.secret_manager` means in a stack: a bare NAME is created by the stack
+    as PREFIX-NAME (one per stack: two stacks in a project never fight over one secret); a full
+    projects/P/secrets/NAME path is somebody else's and is used as given."""
+    if secret.startswith("projects/"):
+        return secret
+    name, sep, version = secret.partition("/versions/")
+    return f"{stack_prefix(stack)}-{name}{sep}{version}"
 
 
 def stack_file(stack: str, project_dir: Path = Path(".")) -> Path:
@@ -65,12 +91,48 @@ def spec_from_config(config: Mapping[str, Any], source: str = "stack config") ->
 
 
 def load_stack_spec(stack: str, project_dir: Path = Path(".")) -> Spec:
-    return spec_from_config(read_stack_config(stack, project_dir), str(stack_file(stack, project_dir)))
+    """A stack's spec as the stack deploys it: its secrets named as the stack creates them."""
+    config = stack_scoped_secrets(stack, spec_keys_of(read_stack_config(stack, project_dir)))
+    return spec_from_config(config, str(stack_file(stack, project_dir)))
+
+
+# Where a spec names a Secret Manager secret: ("secret",) is the HF token, the others the API keys and the
+# endpoint's TLS certificate (issue 17). A stack creates each bare NAME as PREFIX-NAME (stack_secret_name).
+SECRET_FIELDS = (("secret",), ("serving", "api_keys"), ("serving", "tls"))
+
+
+def stack_scoped_secrets(stack: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec keys with every `secret_manager` named as the stack created it (the rest untouched)."""
+
+    def rename(node: Any, path: tuple[str, ...]) -> Any:
+        if not isinstance(node, Mapping):
+            return node
+        if not path:
+            value = node.get("secret_manager")
+            return {**node, "secret_manager": stack_secret_name(stack, value)} if isinstance(value, str) else node
+        return {**node, path[0]: rename(node[path[0]], path[1:])} if path[0] in node else node
+
+    out: Any = dict(spec)
+    for path in SECRET_FIELDS:
+        out = rename(out, path)
+    return out
 
 
 def stack_host_data(stack: str, project_dir: Path = Path(".")) -> dict[str, Any]:
-    """A stack's spec as pyinfra host data (`gemmaserve_model`, ...), for inventories of its hosts."""
-    return {f"{HOST_PREFIX}{k}": v for k, v in spec_keys_of(read_stack_config(stack, project_dir)).items()}
+    """A stack's spec as pyinfra host data (`gemmaserve_model`, ...), for inventories of its hosts; every
+    secret is named as the stack created it (stack_scoped_secrets)."""
+    spec = stack_scoped_secrets(stack, spec_keys_of(read_stack_config(stack, project_dir)))
+    return {f"{HOST_PREFIX}{k}": v for k, v in spec.items()}
+
+
+def capacity_from_host_data(data: Mapping[str, Any], host_name: str = "host"):
+    """`gemmaserve_capacity` (how the host was bought: kind, provisioning) -> HostCapacity; unset: a static host."""
+    from gemmaserve.records import HostCapacity
+
+    value = data.get(f"{HOST_PREFIX}capacity")
+    if value is None:
+        return HostCapacity()
+    return validate_model(HostCapacity, value, f"host data of {host_name}", prefix=("gemmaserve_capacity",))
 
 
 def spec_from_host_data(data: Mapping[str, Any], host_name: str = "host") -> Spec:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from datetime import timedelta
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -26,7 +27,8 @@ MIN_TRANSFORMERS_VERSION = (5, 5, 0)
 DEFAULT_VLLM_VERSION = {vendor: pin.vllm_version for vendor, pin in ENGINE_PINS.items()}
 DEFAULT_TRANSFORMERS_VERSION = {vendor: pin.transformers_version for vendor, pin in ENGINE_PINS.items()}
 # Container images, pinned by version tag. Floating tags (the recipe's `gemma4`, `nightly`)
-# are refused: the same host data must always produce the same server.
+# are refused: the same host data must always produce the same server. A tag pins only when it names
+# a release (a dotted version); an @sha256 digest pins the exact bytes.
 DEFAULT_IMAGE = {
     "nvidia": "vllm/vllm-openai:v{version}",
     "amd": "vllm/vllm-openai-rocm:v{version}",
@@ -43,6 +45,7 @@ _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](@sha256:[0-9a-f]{64})?$")
 _BUCKET_URI = re.compile(r"^gs://[a-z0-9][a-z0-9_-]{1,61}[a-z0-9](/[A-Za-z0-9._-]+)*/?$")
 # A Hugging Face revision pinned to a commit: the 40-hex sha the hub reports (HfApi.model_info(...).sha).
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_RELEASE_TAG = re.compile(r"\d+\.\d+")
 _SECRET_NAME = re.compile(r"^(projects/[a-z0-9-]+/secrets/)?[A-Za-z0-9_-]{1,255}(/versions/(latest|\d+))?$")
 
 
@@ -198,10 +201,10 @@ class Engine(Strict):
         if "@sha256:" in value:
             return value
         tag = value.rsplit(":", 1)[1] if ":" in value.rsplit("/", 1)[-1] else None
-        if tag is None or tag in FLOATING_TAGS:
+        if tag is None or tag in FLOATING_TAGS or not _RELEASE_TAG.search(tag):
             raise ValueError(
                 "image must be pinned; allowed: a version tag such as vllm/vllm-openai:v0.32.0 or an @sha256 digest"
-                f" (floating tags {', '.join(sorted(FLOATING_TAGS))} are refused)"
+                f" (floating tags such as {', '.join(sorted(FLOATING_TAGS))} are refused)"
             )
         return value
 
@@ -286,6 +289,11 @@ class Serving(Strict):
     # Who may call the router port: API keys checked by HAProxy, over TLS only.
     api_keys: ApiKeys = Field(default_factory=ApiKeys)
     tls: Tls = Field(default_factory=Tls)
+    # A stopping replica (systemctl stop/restart, reboot) leaves HAProxy first, then finishes what it is
+    # serving, streams included, for at most this long: vLLM's --shutdown-timeout (0 aborts them).
+    shutdown_timeout: int = Field(
+        120, ge=0, le=3600, description="Seconds in-flight requests may take to finish when a replica stops."
+    )
 
     @field_validator("replicas")
     @classmethod
@@ -551,3 +559,15 @@ def validate_model(model: type[M], data: Any, source: str, prefix: tuple[str, ..
 def parse_spec(data: dict[str, Any], source: str = "spec") -> Spec:
     """Validate `data` into a Spec, or raise SpecError naming every bad field, value and what is allowed."""
     return validate_model(Spec, data, source, expected="of spec fields")
+
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def parse_duration(value: str) -> timedelta:
+    """'7d', '36h', '1h30m', '90s' -> timedelta; the forms gcloud's --max-run-duration accepts."""
+    match = _DURATION.match(value.strip()) if isinstance(value, str) else None
+    if not match or not any(match.groups()):
+        raise ValueError("not a duration; allowed: a number with d/h/m/s units, e.g. 7d, 36h, 1h30m")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)

@@ -21,7 +21,7 @@ sandbox = [
             # Its certificate (signed by the sandbox's CA) and the digest of the sandbox's API key.
             "access_tls_src": str(_credentials(_host).tls_bundle),
             "access_api_keys_src": str(_credentials(_host).key_store),
-            **sandbox_host_data(),
+            **sandbox_host_data(_host.host_data),
         },
     )
     for _host in load_state().hosts

@@ -48,6 +48,8 @@ serving = [
             **({"ssh_user": record.ssh_user} if record.ssh_user else {}),
             **({"ssh_proxy_command": _proxy.replace("%h", record.name).replace("ZONE", record.zone)} if _proxy else {}),
             "_sudo": True,
+            # Spot / flex-start hosts and TPU VMs get the preemption drain (roles/preemption).
+            "gemmaserve_capacity": record.capacity.model_dump(),
             **_spec_data,
         },
     )

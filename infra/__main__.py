@@ -3,12 +3,13 @@ who may call them (API key secret, TLS) and, with several hosts, an HTTPS load b
 
 import pulumi
 from access import EndpointAccess, EndpointAccessArgs
-from config import read_hf_token, read_settings
+from config import FLEX_START_VM_CREATE_TIMEOUT, read_hf_token, read_settings
 from gpu_vm import GpuVm, GpuVmArgs
 from identity import Identity, IdentityArgs
 from image import ServingImage, ServingImageArgs
 from load_balancer import ServingLoadBalancer, ServingLoadBalancerArgs
 from network import HOST_TAG, Network, NetworkArgs
+from project_apis import ProjectApis, ProjectApisArgs
 from secret import HfTokenSecret, HfTokenSecretArgs
 from tpu_slice import TpuSlice, TpuSliceArgs
 from weights_bucket import WeightsBucket, WeightsBucketArgs
@@ -22,6 +23,14 @@ labels = settings.labels
 port = serving_plan.router_port
 lb_region = settings.region if cloud.hosts > 1 else None
 
+# A fresh project has no APIs on: enable them first, and make everything else wait for them.
+weights = serving_plan.weights
+apis = ProjectApis(
+    f"{name}-apis",
+    ProjectApisArgs(project=settings.project, tpu=settings.tpu_type is not None, storage=weights.from_bucket),
+)
+after_apis = pulumi.ResourceOptions(depends_on=[apis])
+
 network = Network(
     name,
     NetworkArgs(
@@ -32,24 +41,29 @@ network = Network(
         load_balancer_region=lb_region,
         labels=labels,
     ),
+    after_apis,
 )
-identity = Identity(name, IdentityArgs(project=settings.project, account_id=f"{name}-hosts", stack=settings.stack))
+identity = Identity(
+    name, IdentityArgs(project=settings.project, account_id=f"{name}-hosts", stack=settings.stack), after_apis
+)
 if spec.secret is not None and spec.secret.secret_manager:
     HfTokenSecret(
         f"{name}-hf",
         HfTokenSecretArgs(
             project=settings.project,
+            # Named as this stack creates it (gs-STACK-NAME) or as given (projects/P/secrets/NAME): read_settings.
             secret=spec.secret.secret_manager,
             accessor_member=identity.member,
             replication=cloud.secret_replication,
             token=read_hf_token(),
             labels=labels,
         ),
+        after_apis,
     )
-weights = serving_plan.weights
 weights_bucket = None
-if weights.bucket and cloud.weights_bucket.create:
+if weights.from_bucket:
     # The bucket the spec's weights.bucket names: `gemmaserve weights mirror` fills it, hosts load from it.
+    # With cloud.weights_bucket.create false another stack owns it; this one only grants its hosts.
     weights_bucket = WeightsBucket(
         f"{name}-weights",
         WeightsBucketArgs(
@@ -61,14 +75,16 @@ if weights.bucket and cloud.weights_bucket.create:
             writers=list(cloud.weights_bucket.writers),
             labels=labels,
             force_destroy=cloud.weights_bucket.force_destroy,
+            create=cloud.weights_bucket.create,
         ),
+        after_apis,
     )
 image = ServingImage(
     name,
     ServingImageArgs(
         project=settings.project,
         location=settings.region,
-        repository_id=cloud.image.repository,
+        repository_id=settings.repository_id,
         reader_member=identity.member,
         build=cloud.image.build,
         base_image=spec.image,
@@ -78,6 +94,7 @@ image = ServingImage(
         chat_template_sha256=serving_plan.engine.chat_template_sha256,
         labels=labels,
     ),
+    after_apis,
 )
 
 hosts = []
@@ -90,6 +107,8 @@ if settings.tpu_type is not None:
             accelerator_type=settings.tpu_type.accelerator_type,
             runtime_version=settings.tpu_type.runtime_version,
             provisioning=cloud.provisioning,
+            fallback_provisioning=cloud.fallback_provisioning,
+            flex_start_zones=settings.flex_start_zones,
             reservation=cloud.reservation,
             max_run_seconds=cloud.max_run_seconds,
             valid_until_seconds=cloud.valid_until_seconds,
@@ -100,8 +119,11 @@ if settings.tpu_type is not None:
             enable_external_ips=cloud.allow_external_ip,
             labels=labels,
             tags=[HOST_TAG],
+            create_wait_seconds=cloud.create_wait_seconds,
+            recycle_before_seconds=cloud.recycle_before_seconds,
             protect=cloud.protect,
         ),
+        after_apis,
     )
     hosts.append(
         host_record(
@@ -113,6 +135,7 @@ if settings.tpu_type is not None:
             "tpu-vm",
             settings.tpu_type.accelerator_type,
             serving_plan,
+            tpu.provisioning,
         )
     )
 else:
@@ -140,7 +163,9 @@ else:
                 allow_external_ip=cloud.allow_external_ip,
                 labels=labels,
                 tags=[HOST_TAG],
+                create_timeout=FLEX_START_VM_CREATE_TIMEOUT if cloud.provisioning == "flex-start" else None,
             ),
+            after_apis,
         )
         vms.append(vm)
         hosts.append(
@@ -153,6 +178,7 @@ else:
                 "gce-vm",
                 machine.name,
                 serving_plan,
+                cloud.provisioning,
             )
         )
 
@@ -164,10 +190,15 @@ access = EndpointAccess(
         key_secret=spec.serving.api_keys.secret_manager,
         tls_secret=spec.serving.tls.secret_manager,
         accessor_member=identity.member,
-        host_addresses=[host.apply(lambda record: record["internal_ip"]) for host in hosts],
+        # A TPU request still queued (create returns after a bounded wait) has no address yet: its
+        # certificate gets one when `capacity wait` / the next `up` finds the slice ACTIVE.
+        host_addresses=pulumi.Output.all(*hosts).apply(
+            lambda records: [r["internal_ip"] for r in records if r["internal_ip"]]
+        ),
         replication=cloud.secret_replication,
         labels=labels,
     ),
+    after_apis,
 )
 
 if lb_region:
@@ -187,10 +218,12 @@ if lb_region:
             depends_on=[network.proxy_subnet],
             labels=labels,
         ),
+        after_apis,
     )
     endpoint = pulumi.Output.concat("https://", balancer.address, f":{port}/v1")
 else:
-    endpoint = hosts[0].apply(lambda host: f"https://{host['internal_ip']}:{port}/v1")
+    # None while the only host has no address yet (a TPU request still queued).
+    endpoint = hosts[0].apply(lambda host: f"https://{host['internal_ip']}:{port}/v1" if host["internal_ip"] else None)
 
 pulumi.export("hosts", pulumi.Output.all(*hosts))
 pulumi.export("endpoint", endpoint)

@@ -28,8 +28,8 @@ class EndpointAccessArgs:
     key_secret: str
     tls_secret: str
     accessor_member: pulumi.Input[str]
-    # The hosts' internal IPs: the names their certificate carries.
-    host_addresses: list[pulumi.Input[str]]
+    # The hosts' internal IPs: the names their certificate carries (those known so far).
+    host_addresses: pulumi.Input[list[str]]
     replication: str | tuple[str, ...] = "automatic"
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -46,7 +46,7 @@ def _replication(replication: str | tuple[str, ...]) -> gcp.secretmanager.Secret
 
 def server_certificate(
     name: str,
-    addresses: list[pulumi.Input[str]],
+    addresses: pulumi.Input[list[str]],
     ca_cert_pem: pulumi.Input[str],
     ca_private_key_pem: pulumi.Input[str],
     opts: pulumi.ResourceOptions,
@@ -80,7 +80,8 @@ class EndpointAccess(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: EndpointAccessArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemmaserve:gcp:EndpointAccess", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Children wait for what the component waits for (the project's APIs): Pulumi does not pass depends_on down.
+        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None)
         self._secrets: dict[str, gcp.secretmanager.Secret] = {}
         # Keys: `gemmaserve keys --stack` adds the versions; Pulumi owns only the secret (no version drifts).
         self.key_secret_name = self._secret(f"{name}-keys", args.key_secret, args, child)[0]
@@ -107,7 +108,9 @@ class EndpointAccess(pulumi.ComponentResource):
                 f"{name}-tls-version",
                 secret=self._secrets[f"{name}-tls"].id,
                 secret_data=pulumi.Output.secret(bundle),
-                opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["secret_data"]),
+                opts=pulumi.ResourceOptions.merge(
+                    child, pulumi.ResourceOptions(additional_secret_outputs=["secret_data"])
+                ),
             )
         self.register_outputs(
             {"ca_cert": self.ca_cert_pem, "key_secret": self.key_secret_name, "tls_secret": self.tls_secret_name}

@@ -6,14 +6,22 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from gemmaserve.catalog import GcpMachineType, TpuType
 from gemmaserve.plan import Plan, plan
-from gemmaserve.sources import NAMESPACE, SPEC_KEYS, spec_from_config
-from gemmaserve.spec import Spec, SpecError, Strict, validate_model
+from gemmaserve.sources import (
+    NAMESPACE,
+    SPEC_KEYS,
+    read_stack_config,
+    spec_from_config,
+    stack_prefix,
+    stack_scoped_secrets,
+)
+from gemmaserve.spec import Spec, SpecError, Strict, parse_duration, validate_model
 
 # Google's documented ranges: IAP TCP forwarding (SSH without public IPs) and the load balancer
 # health-check probers (cloud.google.com/load-balancing/docs/health-check-concepts).
@@ -22,7 +30,19 @@ HEALTH_CHECK_RANGES = ("130.211.0.0/22", "35.191.0.0/16")
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # Flex-start capacity is granted for at most 7 days (cloud.google.com/tpu/docs/flex-start and compute/docs/instances/flex-start-vms).
 FLEX_START_MAX = timedelta(days=7)
-_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+# Flex-start TPUs are sold in a few zones only, per TPU generation
+# (https://cloud.google.com/tpu/docs/request-using-flex-start, "Limitations").
+TPU_FLEX_START_ZONES = {"tpu-v6e": ("asia-northeast1-b", "us-east5-a"), "tpu-v5e": ("us-central1-a",)}
+# Flex-start VMs: every accelerator-optimized series except A4X and G4
+# (https://cloud.google.com/compute/docs/instances/about-flex-start-vms).
+NO_FLEX_START_SERIES = ("a4x", "g4")
+# G4 VMs attach Hyperdisk (and Titanium SSD) only, no Persistent Disk
+# (https://cloud.google.com/compute/docs/accelerator-optimized-machines#g4-series).
+HYPERDISK_ONLY_SERIES = ("g4",)
+# A flex-start VM request waits up to two hours for capacity before it fails
+# (https://cloud.google.com/blog/products/compute/introducing-flex-start-vms-for-the-compute-engine-instance-api):
+# the instance's create timeout covers that and the boot, instead of the provider's default 20 minutes.
+FLEX_START_VM_CREATE_TIMEOUT = "130m"
 _ZONE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -31,15 +51,6 @@ _REGION = re.compile(r"^[a-z]+-[a-z]+\d+$")
 _PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 
 Provisioning = Literal["standard", "guaranteed", "spot", "reserved", "flex-start"]
-
-
-def parse_duration(value: str) -> timedelta:
-    """'7d', '36h', '1h30m', '90s' -> timedelta; the forms gcloud's --max-run-duration accepts."""
-    match = _DURATION.match(value.strip()) if isinstance(value, str) else None
-    if not match or not any(match.groups()):
-        raise ValueError("not a duration; allowed: a number with d/h/m/s units, e.g. 7d, 36h, 1h30m")
-    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
-    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
 
 
 class WeightsDisk(Strict):
@@ -87,13 +98,15 @@ class Network(Strict):
 class ServingImage(Strict):
     """The Artifact Registry repository, and optionally a pinned serving image built into it."""
 
-    repository: str = Field("gemmaserve", description="Artifact Registry repository id.")
+    repository: str | None = Field(
+        None, description="Artifact Registry repository id; default: the stack's prefix (one per stack)."
+    )
     build: bool = Field(False, description="Build the serving image with pulumi-docker (needs a Docker daemon).")
 
     @field_validator("repository")
     @classmethod
-    def _repository_id(cls, value: str) -> str:
-        if not _RESOURCE_ID.match(value):
+    def _repository_id(cls, value: str | None) -> str | None:
+        if value is not None and not _RESOURCE_ID.match(value):
             raise ValueError("allowed: lowercase letters, digits and hyphens, starting with a letter (max 63)")
         return value
 
@@ -105,12 +118,29 @@ class Cloud(Strict):
         min_length=1, description="TPU: tried in order while a zone has no capacity. GPU: hosts spread round-robin."
     )
     provisioning: Provisioning = "standard"
-    reservation: str | None = Field(None, description="Reservation name; required by provisioning 'reserved'.")
+    fallback_provisioning: tuple[Provisioning, ...] = Field(
+        (),
+        description="TPU: provisioning models tried after every zone failed with `provisioning`, in order"
+        " (e.g. [spot, flex-start] after reserved).",
+    )
+    reservation: str | None = Field(
+        None,
+        description="Reservation name (one per zone), or projects/P/locations/ZONE/reservations/NAME (that zone"
+        " only); required when the chain has 'reserved'.",
+    )
     max_run_duration: str | None = Field(None, description="Hard stop, e.g. 7d; required by flex-start (<= 7d).")
     termination_action: Literal["DELETE", "STOP"] = Field(
         "DELETE", description="What happens at max_run_duration or preemption."
     )
-    valid_until: str | None = Field(None, description="TPU queue: give up if not provisioned within this duration.")
+    valid_until: str | None = Field(
+        None, description="TPU queue: a request not provisioned within this is FAILED; the next candidate is tried."
+    )
+    create_wait: str = Field(
+        "10m", description="TPU: how long `pulumi up` waits for the queue before it returns with the state."
+    )
+    recycle_before: str = Field(
+        "30m", description="TPU flex-start: re-queue this long before the run duration ends (0s: never)."
+    )
     valid_after: datetime | None = Field(
         None, description="TPU queue: do not provision before this time (ISO 8601 with zone)."
     )
@@ -145,7 +175,7 @@ class Cloud(Strict):
             raise ValueError("a zone is listed twice")
         return value
 
-    @field_validator("max_run_duration", "valid_until")
+    @field_validator("max_run_duration", "valid_until", "create_wait", "recycle_before")
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
         if value is not None:
@@ -190,7 +220,10 @@ class Cloud(Strict):
     def _fits_together(self) -> Cloud:
         problems: list[tuple[str, Any, str]] = []
         duration = parse_duration(self.max_run_duration) if self.max_run_duration else None
-        if self.provisioning == "flex-start":
+        chain = self.provisioning_chain
+        if len(set(chain)) != len(chain):
+            problems.append(("fallback_provisioning", list(self.fallback_provisioning), "a model is listed twice"))
+        if "flex-start" in chain:
             if duration is None:
                 problems.append(("max_run_duration", None, "flex-start needs one; allowed: a duration up to 7d"))
             elif duration > FLEX_START_MAX:
@@ -207,10 +240,20 @@ class Cloud(Strict):
                     f"{self.provisioning} capacity has no run limit; allowed with standard, spot, flex-start",
                 )
             )
-        if self.provisioning == "reserved" and not self.reservation:
+        if "reserved" in chain and not self.reservation:
             problems.append(("reservation", None, "provisioning 'reserved' needs a reservation name"))
-        if self.reservation and self.provisioning != "reserved":
+        if self.reservation and "reserved" not in chain:
             problems.append(("reservation", self.reservation, "only with provisioning: reserved"))
+        if self.reservation and self.reservation.startswith("projects/"):
+            match = re.match(r"^projects/[^/]+/locations/([^/]+)/reservations/[^/]+$", self.reservation)
+            if not match or match.group(1) not in self.zones:
+                problems.append(
+                    (
+                        "reservation",
+                        self.reservation,
+                        "allowed: a name, or projects/P/locations/ZONE/reservations/NAME with ZONE in cloud.zones",
+                    )
+                )
         world = [c for c in self.serving_port_cidrs if ipaddress.ip_network(c).prefixlen == 0]
         if world and not self.allow_public_serving:
             problems.append(
@@ -231,6 +274,18 @@ class Cloud(Strict):
     def regions(self) -> tuple[str, ...]:
         """Regions of the zones, in first-seen order (one subnet, router and NAT each)."""
         return tuple(dict.fromkeys(_ZONE.match(z).group(1) for z in self.zones))
+
+    @property
+    def provisioning_chain(self) -> tuple[str, ...]:
+        return (self.provisioning, *self.fallback_provisioning)
+
+    @property
+    def create_wait_seconds(self) -> int:
+        return int(parse_duration(self.create_wait).total_seconds())
+
+    @property
+    def recycle_before_seconds(self) -> int:
+        return int(parse_duration(self.recycle_before).total_seconds())
 
     @property
     def max_run_seconds(self) -> int | None:
@@ -273,17 +328,67 @@ class Settings:
 
     @property
     def name(self) -> str:
-        """Prefix for cloud resource names: short, lowercase, starts with a letter."""
-        return ("gs-" + re.sub(r"[^a-z0-9-]", "-", self.stack.lower()))[:20].rstrip("-")
+        """Prefix for this stack's cloud resource names: short, lowercase, unique per stack (stack_prefix)."""
+        return stack_prefix(self.stack)
+
+    @property
+    def repository_id(self) -> str:
+        """The Artifact Registry repository: the stack's own unless one is named."""
+        return self.cloud.image.repository or self.name
+
+    @property
+    def flex_start_zones(self) -> tuple[str, ...] | None:
+        """TPU: the zones of cloud.zones that sell flex-start for this TPU (None: not a TPU stack)."""
+        if self.tpu_type is None:
+            return None
+        sold = TPU_FLEX_START_ZONES.get(self.spec.accelerator_info.name, ())
+        return tuple(z for z in self.cloud.zones if z in sold)
 
 
-def settings_from_config(raw: dict[str, Any], gcp: dict[str, Any], stack: str, source: str | None = None) -> Settings:
-    """Validate spec + cloud + gcp provider settings together; nothing is declared before this returns."""
+def created_bucket(raw: dict[str, Any]) -> str | None:
+    """The bucket a stack's `gemmaserve:` keys make it create: weights.bucket with source bucket, unless
+    cloud.weights_bucket.create is false (read leniently: another stack's file may not validate)."""
+    weights, cloud = raw.get("weights"), raw.get("cloud")
+    if not isinstance(weights, dict) or weights.get("source") != "bucket" or not isinstance(weights.get("bucket"), str):
+        return None
+    bucket_config = cloud.get("weights_bucket") if isinstance(cloud, dict) else None
+    if isinstance(bucket_config, dict) and bucket_config.get("create") is False:
+        return None
+    return weights["bucket"].removeprefix("gs://").partition("/")[0]
+
+
+def other_stacks_creating(bucket: str, stack: str, project_dir: Path) -> list[str]:
+    """The other stacks of this project (Pulumi.<stack>.yaml beside Pulumi.yaml) that create `bucket` too.
+    Bucket names are global: only one stack can create it, the others use it with create: false."""
+    others = []
+    for path in sorted(project_dir.glob("Pulumi.*.yaml")):
+        other = path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+        if other == stack:
+            continue
+        try:
+            raw = read_stack_config(other, project_dir)
+        except (SpecError, OSError, ValueError):
+            continue  # that stack's own `up` reports its errors
+        if created_bucket(raw) == bucket:
+            others.append(other)
+    return others
+
+
+def settings_from_config(
+    raw: dict[str, Any],
+    gcp: dict[str, Any],
+    stack: str,
+    source: str | None = None,
+    project_dir: Path | None = None,
+) -> Settings:
+    """Validate spec + cloud + gcp provider settings together; nothing is declared before this returns.
+    With `project_dir`, the other stack files there are read too, for what two stacks cannot both create."""
     source = source or f"stack {stack}"
     problems: list[str] = []
     spec = cloud = None
     try:
-        spec = spec_from_config({k: v for k, v in raw.items() if k in SPEC_KEYS}, source)
+        # Secrets named as this stack creates them (gs-STACK-NAME): the plan, the program and the hosts agree.
+        spec = spec_from_config(stack_scoped_secrets(stack, {k: v for k, v in raw.items() if k in SPEC_KEYS}), source)
     except SpecError as error:
         problems += error.problems
     try:
@@ -297,6 +402,14 @@ def settings_from_config(raw: dict[str, Any], gcp: dict[str, Any], stack: str, s
         )
     if spec is not None and cloud is not None:
         problems += _cross_problems(spec, cloud, region)
+    bucket = created_bucket(raw)
+    if bucket and project_dir is not None:
+        others = other_stacks_creating(bucket, stack, project_dir)
+        if others:
+            problems.append(
+                f"weights.bucket = gs://{bucket}: stack(s) {', '.join(others)} create it too, and a bucket name "
+                "exists once; allowed: cloud.weights_bucket.create: false in every stack but the one that owns it"
+            )
     if problems:
         raise SpecError(problems, source)
     serving_plan = plan(spec).require_ok()
@@ -317,6 +430,17 @@ def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
     acc, count = spec.accelerator_info, spec.accelerator.count
     problems = []
     if acc.is_tpu:
+        if "flex-start" in cloud.provisioning_chain:
+            sold = TPU_FLEX_START_ZONES.get(acc.name, ())
+            where = "every zone" if cloud.provisioning == "flex-start" else "at least one zone"
+            offered = [z for z in cloud.zones if z in sold]
+            unsold = [z for z in cloud.zones if z not in sold]
+            if (cloud.provisioning == "flex-start" and unsold) or not offered:
+                problems.append(
+                    f"cloud.zones = {list(unsold or cloud.zones)!r}: flex-start {acc.name} is not sold there and"
+                    f" {where} must sell it; allowed: {', '.join(sold) or 'none (no flex-start for ' + acc.name + ')'}"
+                    " (https://cloud.google.com/tpu/docs/request-using-flex-start)"
+                )
         if acc.tpu_type_for(count) is None:
             problems.append(
                 f"accelerator.count = {count}: no {acc.name} TPU type has {count} chips; allowed: "
@@ -340,6 +464,29 @@ def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
                 "cloud.provisioning = 'guaranteed': a TPU queued-resource tier; allowed for GPU VMs: "
                 "standard, spot, reserved, flex-start"
             )
+        if cloud.fallback_provisioning:
+            problems.append(
+                f"cloud.fallback_provisioning = {list(cloud.fallback_provisioning)!r}: a TPU queue fallback; GPU VMs"
+                " are declared with one provisioning model; allowed: unset"
+            )
+        machine = acc.machine_type_for(count) if acc.gcp_machine_types else None
+        series = machine.name.split("-")[0] if machine else ""
+        if series in NO_FLEX_START_SERIES and cloud.provisioning == "flex-start":
+            problems.append(
+                f"cloud.provisioning = 'flex-start': {machine.name} ({series.upper()}) is not sold as flex-start;"
+                " allowed: standard, spot, reserved (https://cloud.google.com/compute/docs/instances/about-flex-start-vms)"
+            )
+        if series in HYPERDISK_ONLY_SERIES:
+            if not cloud.boot_disk_type.startswith("hyperdisk"):
+                problems.append(
+                    f"cloud.boot_disk_type = {cloud.boot_disk_type!r}: {series.upper()} attaches Hyperdisk only;"
+                    " allowed: hyperdisk-balanced"
+                )
+            if cloud.weights_disk.type.startswith("pd-"):
+                problems.append(
+                    f"cloud.weights_disk.type = {cloud.weights_disk.type!r}: {series.upper()} attaches Hyperdisk only;"
+                    " allowed: hyperdisk-balanced, local-ssd, none"
+                )
         if cloud.valid_until or cloud.valid_after:
             problems.append("cloud.valid_until/valid_after: TPU queueing policy only; allowed for GPU VMs: unset")
     else:
@@ -351,7 +498,8 @@ def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
         if source.secret_manager is None:
             problems.append(
                 f"serving.{field_name}.file = {source.file!r}: hosts this stack provisions read it from Secret Manager; "
-                f"allowed: serving.{field_name}.secret_manager (a secret name such as STACK-{field_name.replace('_', '-')})"
+                f"allowed: serving.{field_name}.secret_manager (a secret name such as {field_name.replace('_', '-')}, "
+                "created as gs-STACK-NAME)"
             )
     if region and any(r != region for r in cloud.regions) and not acc.is_tpu:
         problems.append(f"cloud.zones = {list(cloud.zones)!r}: GPU hosts must be in gcp:region {region}")
@@ -371,6 +519,8 @@ def read_settings() -> Settings:
         {k: v for k, v in raw.items() if v is not None},
         {"project": gcp.get("project"), "region": gcp.get("region")},
         pulumi.get_stack(),
+        # The project's other stack files (Pulumi.yaml's directory, one up from this program).
+        project_dir=Path(__file__).resolve().parents[1],
     )
 
 

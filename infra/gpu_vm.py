@@ -29,6 +29,8 @@ class GpuVmArgs:
     termination_action: str = "DELETE"
     reservation: str | None = None
     allow_external_ip: bool = False
+    # Flex-start requests wait in the queue; the instance's create must outlast that (config.FLEX_START_VM_CREATE_TIMEOUT).
+    create_timeout: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
 
@@ -68,7 +70,8 @@ class GpuVm(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GpuVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemmaserve:gcp:GpuVm", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Children wait for what the component waits for (the project's APIs): Pulumi does not pass depends_on down.
+        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None)
         attached, scratch = [], []
         if args.weights_disk_type == "local-ssd":
             scratch = [gcp.compute.InstanceScratchDiskArgs(interface="NVME") for _ in range(args.local_ssd_count)]
@@ -115,7 +118,14 @@ class GpuVm(pulumi.ComponentResource):
             labels=args.labels,
             tags=args.tags,
             allow_stopping_for_update=True,
-            opts=child,
+            # A spot VM stopped by preemption (termination_action STOP) is started again by the next
+            # `pulumi up --refresh` (what `gemmaserve capacity watch` runs): refresh sees it TERMINATED.
+            desired_status="RUNNING",
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(custom_timeouts=pulumi.CustomTimeouts(create=args.create_timeout))
+            )
+            if args.create_timeout
+            else child,
         )
         self.zone = pulumi.Output.from_input(args.zone)
         self.internal_ip = self.instance.network_interfaces.apply(lambda nics: nics[0].network_ip)

@@ -19,9 +19,10 @@ def host_record(
     kind: str,
     instance_type: str,
     serving_plan: Plan,
+    provisioning: pulumi.Input[str] = "standard",
 ) -> pulumi.Output[dict[str, Any]]:
     """The record as the stack exports it (JSON); validated by the same model that reads it back."""
-    return pulumi.Output.all(name, internal_ip, external_ip, zone).apply(
+    return pulumi.Output.all(name, internal_ip, external_ip, zone, provisioning).apply(
         lambda v: HostRecord.for_plan(
             serving_plan,
             name=v[0],
@@ -31,5 +32,6 @@ def host_record(
             ssh_user=ssh_user,
             kind=kind,
             instance_type=instance_type,
+            provisioning=v[4],
         ).model_dump(mode="json")
     )

@@ -24,7 +24,8 @@ class Identity(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: IdentityArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemmaserve:gcp:Identity", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Children wait for what the component waits for (the project's APIs): Pulumi does not pass depends_on down.
+        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None)
         self.account = gcp.serviceaccount.Account(
             f"{name}-sa",
             project=args.project,

@@ -36,7 +36,8 @@ class ServingImage(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ServingImageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemmaserve:gcp:ServingImage", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Children wait for what the component waits for (the project's APIs): Pulumi does not pass depends_on down.
+        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None)
         self.repository = gcp.artifactregistry.Repository(
             f"{name}-repo",
             project=args.project,

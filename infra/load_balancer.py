@@ -34,7 +34,8 @@ class ServingLoadBalancer(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ServingLoadBalancerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemmaserve:gcp:ServingLoadBalancer", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Children wait for what the component waits for (the project's APIs): Pulumi does not pass depends_on down.
+        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None)
         groups = [
             gcp.compute.InstanceGroup(
                 f"{name}-{zone}",
@@ -49,10 +50,12 @@ class ServingLoadBalancer(pulumi.ComponentResource):
         health = gcp.compute.RegionHealthCheck(
             f"{name}-health",
             region=args.region,
-            check_interval_sec=10,
+            # A host that got a preemption notice drains and fails /health (roles/preemption); out of the
+            # backend within ~10 s, well inside a spot VM's 30 s notice.
+            check_interval_sec=5,
             timeout_sec=5,
             healthy_threshold=1,
-            unhealthy_threshold=3,
+            unhealthy_threshold=2,
             # HAProxy serves TLS only; /health needs no API key.
             https_health_check=gcp.compute.RegionHealthCheckHttpsHealthCheckArgs(
                 port=args.port, request_path=HEALTH_PATH
@@ -115,7 +118,7 @@ class ServingLoadBalancer(pulumi.ComponentResource):
             network=args.network,
             subnetwork=args.subnetwork,
             labels=args.labels,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=args.depends_on),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=args.depends_on)),
         )
         self.address = address.address
         self.register_outputs({"address": self.address})

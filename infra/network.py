@@ -30,7 +30,8 @@ class Network(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemmaserve:gcp:Network", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Children wait for what the component waits for (the project's APIs): Pulumi does not pass depends_on down.
+        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None)
         ranges = list(ipaddress.IPv4Network(args.cidr).subnets(new_prefix=20))
         self.vpc = gcp.compute.Network(
             f"{name}-vpc", auto_create_subnetworks=False, routing_mode="REGIONAL", opts=child

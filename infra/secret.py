@@ -27,7 +27,8 @@ class HfTokenSecret(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: HfTokenSecretArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemmaserve:gcp:HfTokenSecret", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Children wait for what the component waits for (the project's APIs): Pulumi does not pass depends_on down.
+        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None)
         secret_path = args.secret.split("/versions/")[0]
         if secret_path.startswith("projects/"):
             # Owned elsewhere: bind the accessor only.
@@ -60,7 +61,9 @@ class HfTokenSecret(pulumi.ComponentResource):
                     f"{name}-version",
                     secret=secret.id,
                     secret_data=pulumi.Output.secret(args.token),
-                    opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["secret_data"]),
+                    opts=pulumi.ResourceOptions.merge(
+                        child, pulumi.ResourceOptions(additional_secret_outputs=["secret_data"])
+                    ),
                 )
             self.secret_name = secret.name
             secret_id, project = secret.secret_id, args.project

@@ -1,76 +1,107 @@
-"""A Cloud TPU queued resource as a Pulumi dynamic resource, on the official google-cloud-tpu v2alpha1 client.
+"""A Cloud TPU queued resource as a Pulumi dynamic resource whose state in Pulumi is the state in Google Cloud.
 
 pulumi-gcp's tpu.V2QueuedResource cannot express spot, guaranteed, valid-until or flex-start, so this
-provider builds the v2alpha1 request itself and handles the states the queue goes through:
-create -> (WAITING_FOR_RESOURCES | PROVISIONING ...) -> ACTIVE, or FAILED / SUSPENDED, which are
-reported with their reason and deleted so they stop holding quota. Zones are tried in order while
-the answer is "no capacity". The google client is imported inside the adapter, so importing this
-module (and unit-testing the request and state logic) needs neither credentials nor the client.
+provider builds the v2alpha1 request itself (REST JSON, checked in the tests against Google's discovery
+document) and runs the lifecycle an SRE expects:
 
-Payloads are REST JSON (camelCase, as `gcloud ... describe --format=json` prints them): the same
-shape the fake client in tests/infra replays from recorded responses.
+- create adopts a request of the same name an interrupted run left behind, queues along the fallback
+  chain (zones, then provisioning models), and returns within `create_wait_seconds` with the request's
+  state in its outputs: it never holds `pulumi up` for the hours a queue can take, and once a request
+  exists in Google Cloud, create never fails (so nothing is left outside Pulumi's state);
+- read reports the real state and address; a request deleted out of band leaves Pulumi's state;
+- diff asks the API: a FAILED, SUSPENDED (preempted, flex-start ended) or vanished request, or a
+  flex-start slice within `recycle_before_seconds` of its end, is an update that re-queues it; labels,
+  tags and metadata are patched on the node; queue settings and zone order are stored; only a change
+  to the shape of a slice that holds capacity replaces it;
+- delete fails loudly unless the request is really gone, and waits until it and its node are.
+
+`decide` is the one place those rules live; `gemmaserve capacity` shows its verdict and acts only by
+running the stack (so the re-queue goes through this same code). The Google client is imported inside
+the adapter: importing this module needs neither credentials nor the client.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC
-from typing import Any, Protocol
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider
+from pulumi.dynamic import (
+    ConfigureRequest,
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    Resource,
+    ResourceProvider,
+    UpdateResult,
+)
+from tpu_api import ApiError, GoogleTpuApi, TpuApi
+
+__all__ = ["ApiError", "QueuedResourceFailed", "QueuedResourceProvider", "TpuQueuedResource", "build_request"]
 
 ACTIVE = "ACTIVE"
-FAILED_STATES = ("FAILED", "SUSPENDED")
-# Fields that shape the request: changing any of them needs a new queued resource (the API has no update).
-REQUEST_KEYS = (
+GONE = "GONE"  # not a state of the API: the request does not exist (any more)
+UNKNOWN = "UNKNOWN"  # not a state of the API: it could not be read
+# Queued, nothing allocated yet (ACCEPTED is what older API revisions said instead of WAITING_FOR_RESOURCES).
+WAITING = ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "STATE_UNSPECIFIED")
+# Capacity allocated, or being allocated: never thrown away for a label.
+HOLDING = ("PROVISIONING", ACTIVE, UNKNOWN)
+# Nothing will come of it any more: re-queue. SUSPENDED: the service took the slice back (preemption,
+# maintenance, flex-start run duration over); FAILED: the queue gave up (valid-until, quota, capacity).
+DEAD = ("FAILED", "SUSPENDING", "SUSPENDED", "DELETING", GONE)
+RESTART_CHAIN = ("SUSPENDING", "SUSPENDED", GONE)
+
+# What the node is: on a slice holding capacity, a change needs a new slice.
+NODE_KEYS = (
     "project",
-    "zones",
     "queued_resource_id",
     "node_id",
     "accelerator_type",
     "runtime_version",
+    "network",
+    "service_account",
+    "scopes",
+    "enable_external_ips",
+)
+# Patched on the node in place (nodes.patch; its updateMask lists description, tags, labels, metadata, ...).
+PATCH_KEYS = ("labels", "tags", "metadata")
+# Where and how to queue.
+QUEUE_KEYS = (
+    "zones",
+    "subnetworks",
     "provisioning",
+    "fallback_provisioning",
+    "flex_start_zones",
     "reservation",
     "max_run_seconds",
     "valid_until_seconds",
     "valid_after",
-    "network",
-    "subnetworks",
-    "service_account",
-    "scopes",
-    "labels",
-    "tags",
-    "metadata",
-    "enable_external_ips",
 )
-# How Compute/TPU say "this zone has no capacity right now" (status names and message fragments).
+# How this provider behaves: stored, never sent.
+SETTING_KEYS = ("create_wait_seconds", "recycle_before_seconds", "delete_timeout_seconds")
+INPUT_KEYS = NODE_KEYS + PATCH_KEYS + QUEUE_KEYS + SETTING_KEYS
+DEFAULT_CREATE_WAIT = 600
+DEFAULT_DELETE_TIMEOUT = 1800
+# How Compute/TPU say "this zone has no capacity right now" when they refuse a create outright.
 _CAPACITY = re.compile(
     r"RESOURCE_EXHAUSTED|ZONE_RESOURCE_POOL_EXHAUSTED|STOCKOUT|no more capacity|insufficient capacity"
-    r"|does not have enough resources|capacity",
+    r"|does not have enough resources",
     re.IGNORECASE,
 )
-TPU_API = "https://tpu.googleapis.com/v2alpha1"
-
-
-class ApiError(Exception):
-    """An API call refused: HTTP code, canonical status (RESOURCE_EXHAUSTED, NOT_FOUND, ...) and message."""
-
-    def __init__(self, code: int, status: str, message: str):
-        self.code, self.status, self.message = code, status, message
-        super().__init__(f"{status} ({code}): {message}")
+HISTORY = 8
 
 
 class QueuedResourceFailed(Exception):
-    """The queued resource ended FAILED or SUSPENDED (or timed out); says which state and why."""
+    """A queued resource could not be had, or not be deleted: says which request, which state and why."""
 
     def __init__(self, name: str, state: str, reason: str):
         self.name, self.state, self.reason = name, state, reason
-        self.capacity = bool(_CAPACITY.search(reason))
         super().__init__(f"queued resource {name} is {state}: {reason}")
 
 
@@ -78,16 +109,7 @@ def is_capacity_error(status: str, message: str) -> bool:
     return bool(_CAPACITY.search(status or "")) or bool(_CAPACITY.search(message or ""))
 
 
-class TpuApi(Protocol):
-    """What the provider needs from the TPU API, in REST JSON."""
-
-    def create_queued_resource(self, parent: str, queued_resource_id: str, body: dict) -> None: ...
-    def get_queued_resource(self, name: str) -> dict: ...
-    def delete_queued_resource(self, name: str) -> None: ...
-    def get_node(self, name: str) -> dict: ...
-
-
-def _seconds(value: int) -> str:
+def _seconds(value: float) -> str:
     return f"{int(value)}s"
 
 
@@ -95,8 +117,50 @@ def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
 
-def build_request(props: dict[str, Any], zone: str) -> dict[str, Any]:
-    """The v2alpha1 QueuedResource body for one zone (REST JSON)."""
+def parse_time(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- the fallback chain ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to ask: a zone and a provisioning model."""
+
+    zone: str
+    provisioning: str
+
+    def __str__(self) -> str:
+        return f"{self.provisioning} in {self.zone}"
+
+
+def candidates(props: dict[str, Any]) -> list[Candidate]:
+    """Zones in order, then the next provisioning model: reserved -> spot -> flex-start, say.
+
+    A reservation given as a full path lives in one zone and is asked for only there; flex-start is
+    asked for only in the zones that sell it (`flex_start_zones`, from the stack config).
+    """
+    chain = []
+    reservation = props.get("reservation") or ""
+    flex_zones = props.get("flex_start_zones")
+    for model in [props["provisioning"], *(props.get("fallback_provisioning") or [])]:
+        for zone in props["zones"]:
+            if model == "reserved" and reservation.startswith("projects/") and f"/locations/{zone}/" not in reservation:
+                continue
+            if model == "flex-start" and flex_zones is not None and zone not in flex_zones:
+                continue
+            chain.append(Candidate(zone, model))
+    return chain
+
+
+def build_request(props: dict[str, Any], zone: str, provisioning: str | None = None) -> dict[str, Any]:
+    """The v2alpha1 QueuedResource body for one candidate (REST JSON)."""
+    provisioning = provisioning or props["provisioning"]
     node: dict[str, Any] = {
         "acceleratorType": props["accelerator_type"],
         "runtimeVersion": props["runtime_version"],
@@ -115,31 +179,26 @@ def build_request(props: dict[str, Any], zone: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "tpu": {
             "nodeSpec": [
-                {
-                    "parent": f"projects/{props['project']}/locations/{zone}",
-                    "nodeId": props["node_id"],
-                    "node": node,
-                }
+                {"parent": f"projects/{props['project']}/locations/{zone}", "nodeId": props["node_id"], "node": node}
             ]
         },
     }
-    provisioning = props["provisioning"]
     if provisioning == "spot":
         body["spot"] = {}
     elif provisioning == "guaranteed":
         body["guaranteed"] = {}
     elif provisioning == "reserved":
         body["guaranteed"] = {"reserved": True}
+        reservation = props["reservation"]
         body["reservationName"] = (
-            props["reservation"]
-            if props["reservation"].startswith("projects/")
-            else f"projects/{props['project']}/locations/{zone}/reservations/{props['reservation']}"
+            reservation
+            if reservation.startswith("projects/")
+            else f"projects/{props['project']}/locations/{zone}/reservations/{reservation}"
         )
     elif provisioning == "flex-start":
-        # Flex-start (Dynamic Workload Scheduler): what `gcloud alpha compute tpus queued-resources create
-        # --provisioning-model=flex-start --max-run-duration=...` sends. The v2alpha1 proto in
-        # google-cloud-tpu <= 1.28 does not carry these fields yet; GoogleTpuApi sends them over REST.
-        # When the run duration ends the TPU VMs are deleted and the queued resource turns SUSPENDED.
+        # Flex-start (Dynamic Workload Scheduler): `gcloud compute tpus queued-resources create
+        # --provisioning-model=flex-start --max-run-duration=...`. When the run duration ends the TPU VMs
+        # are deleted and the queued resource turns SUSPENDED (cloud.google.com/tpu/docs/request-using-flex-start).
         body["provisioningModel"] = "FLEX_START"
         body["runDuration"] = {"maxRunDuration": _seconds(props["max_run_seconds"])}
     # "standard": no tier, i.e. on-demand capacity.
@@ -148,8 +207,7 @@ def build_request(props: dict[str, Any], zone: str) -> dict[str, Any]:
     # The start constraints are one oneof in the API; with both, the request is valid for
     # `valid_until` after `valid_after`.
     if valid_after and valid_until:
-        start = _parse_time(valid_after)
-        policy["validInterval"] = {"startTime": valid_after, "endTime": _rfc3339(start + valid_until)}
+        policy["validInterval"] = {"startTime": valid_after, "endTime": rfc3339(parse_time(valid_after) + valid_until)}
     elif valid_after:
         policy["validAfterTime"] = valid_after
     elif valid_until:
@@ -159,16 +217,7 @@ def build_request(props: dict[str, Any], zone: str) -> dict[str, Any]:
     return body
 
 
-def _parse_time(value: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def _rfc3339(epoch: float) -> str:
-    from datetime import datetime
-
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+# --- what the API says about a request ------------------------------------------------------------
 
 
 def state_of(queued_resource: dict) -> str:
@@ -179,9 +228,127 @@ def failure_reason(queued_resource: dict) -> str:
     state = queued_resource.get("state") or {}
     error = (state.get("failedData") or {}).get("error") or {}
     parts = [error.get("message")]
-    if state.get("stateInitiator"):
+    if state.get("stateInitiator") and state.get("state") in ("FAILED", "SUSPENDING", "SUSPENDED"):
         parts.append(f"initiated by {state['stateInitiator']}")
-    return "; ".join(p for p in parts if p) or "no reason given by the API"
+    return "; ".join(p for p in parts if p)
+
+
+def _deadline(queued_resource: dict) -> float | None:
+    """When the queue gives up on the request (valid-until), as epoch seconds."""
+    policy = queued_resource.get("queueingPolicy") or {}
+    if "validUntilTime" in policy:
+        return parse_time(policy["validUntilTime"])
+    if "validInterval" in policy and "endTime" in policy["validInterval"]:
+        return parse_time(policy["validInterval"]["endTime"])
+    if "validUntilDuration" in policy and queued_resource.get("createTime"):
+        return parse_time(queued_resource["createTime"]) + float(policy["validUntilDuration"].rstrip("s"))
+    return None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A request as the API last described it (or GONE / UNKNOWN)."""
+
+    state: str
+    reason: str = ""
+    created_at: str | None = None
+    termination_time: str | None = None
+    valid_until_time: str | None = None
+    raw: dict | None = None
+
+    @classmethod
+    def of(cls, queued_resource: dict) -> Observation:
+        deadline = _deadline(queued_resource)
+        return cls(
+            state=state_of(queued_resource),
+            reason=failure_reason(queued_resource),
+            created_at=queued_resource.get("createTime"),
+            termination_time=(queued_resource.get("runDuration") or {}).get("terminationTime"),
+            valid_until_time=rfc3339(deadline) if deadline else None,
+            raw=queued_resource,
+        )
+
+    @classmethod
+    def stored(cls, outs: dict[str, Any]) -> Observation:
+        return cls(
+            state=outs.get("state") or UNKNOWN,
+            reason=outs.get("state_reason") or "",
+            created_at=outs.get("created_at"),
+            termination_time=outs.get("termination_time"),
+            valid_until_time=outs.get("valid_until_time"),
+        )
+
+
+def queued_resource_name(props: dict[str, Any], zone: str) -> str:
+    return f"projects/{props['project']}/locations/{zone}/queuedResources/{props['queued_resource_id']}"
+
+
+def node_name(props: dict[str, Any], zone: str) -> str:
+    return f"projects/{props['project']}/locations/{zone}/nodes/{props['node_id']}"
+
+
+# --- the rules ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `pulumi up` does to a queued resource: none, store, patch, requeue or replace."""
+
+    action: str
+    why: str
+    keys: tuple[str, ...] = ()
+    # requeue: start again at the top of the chain (the preferred candidate), not after the current one.
+    from_top: bool = False
+
+
+def _norm(value: Any) -> Any:
+    return value if value not in ({}, [], "", None) else None
+
+
+def decide(olds: dict[str, Any], news: dict[str, Any], live: Observation, now: float) -> Decision:
+    """The one place the lifecycle rules live: `diff`, `update` and `gemmaserve capacity` all ask here."""
+    changed = tuple(k for k in INPUT_KEYS if _norm(olds.get(k)) != _norm(news.get(k)))
+    state = live.state
+    if state in DEAD:
+        why = f"{state}" + (f" ({live.reason})" if live.reason else "")
+        return Decision("requeue", why, changed, from_top=state in RESTART_CHAIN)
+    current = Candidate(olds.get("zone") or "", olds.get("provisioning_model") or olds.get("provisioning") or "")
+    recycle = news.get("recycle_before_seconds") or 0
+    if (
+        state == ACTIVE
+        and current.provisioning == "flex-start"
+        and live.termination_time
+        and parse_time(live.termination_time) - now <= recycle
+    ):
+        return Decision("requeue", f"flex-start run ends at {live.termination_time}: recycling", changed, from_top=True)
+    in_chain = current in candidates(news)
+    if state in HOLDING:
+        shape = [k for k in NODE_KEYS if k in changed]
+        if _norm((olds.get("subnetworks") or {}).get(region_of(current.zone))) != _norm(
+            (news.get("subnetworks") or {}).get(region_of(current.zone))
+        ):
+            shape.append("subnetworks")
+        if not in_chain:
+            shape.append("zones" if current.zone not in news["zones"] else "provisioning")
+        if current.provisioning == "flex-start" and "max_run_seconds" in changed:
+            shape.append("max_run_seconds")
+        if shape:
+            return Decision("replace", f"{state} slice changes shape: {', '.join(shape)}", tuple(dict.fromkeys(shape)))
+        patch = tuple(k for k in PATCH_KEYS if k in changed)
+        if patch:
+            return Decision("patch", f"patch the node's {', '.join(patch)}", patch)
+        return Decision("store", f"store {', '.join(changed)}", changed) if changed else Decision("none", state)
+    # Waiting: nothing is allocated, so any change to what is asked for is a cheap re-queue.
+    if not in_chain:
+        return Decision("requeue", f"{current} is no longer in the fallback chain", changed, from_top=True)
+    if build_request(olds, current.zone, current.provisioning) != build_request(
+        news, current.zone, current.provisioning
+    ):
+        return Decision("requeue", "the waiting request changed", changed, from_top=True)
+    return Decision("store", f"store {', '.join(changed)}", changed) if changed else Decision("none", state)
+
+
+# --- the provider ---------------------------------------------------------------------------------
 
 
 def _report(message: str) -> None:
@@ -192,86 +359,8 @@ def _report(message: str) -> None:
         print(message, file=sys.stderr)
 
 
-class GoogleTpuApi:
-    """TpuApi over google-cloud-tpu's v2alpha1 TpuClient (Application Default Credentials)."""
-
-    def __init__(self):
-        from google.cloud import tpu_v2alpha1
-
-        self._tpu = tpu_v2alpha1
-        self._client = tpu_v2alpha1.TpuClient()
-
-    def _call(self, fn: Callable, *args, **kwargs):
-        from google.api_core import exceptions
-
-        try:
-            return fn(*args, **kwargs)
-        except exceptions.GoogleAPICallError as error:
-            status = error.grpc_status_code.name if error.grpc_status_code else str(error.code)
-            raise ApiError(int(error.code or 0), status, error.message) from error
-
-    def create_queued_resource(self, parent: str, queued_resource_id: str, body: dict) -> None:
-        from google.protobuf.json_format import ParseError
-
-        try:
-            message = self._tpu.QueuedResource.from_json(json.dumps(body))
-        except ParseError:
-            # Fields newer than the installed proto (flex-start): same API, over REST.
-            return self._create_over_rest(parent, queued_resource_id, body)
-        operation = self._call(
-            self._client.create_queued_resource,
-            parent=parent,
-            queued_resource_id=queued_resource_id,
-            queued_resource=message,
-        )
-        self._call(operation.result, timeout=600)
-
-    def _create_over_rest(self, parent: str, queued_resource_id: str, body: dict) -> None:
-        import google.auth
-        from google.auth.transport.requests import AuthorizedSession
-
-        credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-        session = AuthorizedSession(credentials)
-        response = session.post(
-            f"{TPU_API}/{parent}/queuedResources",
-            params={"queuedResourceId": queued_resource_id},
-            json=body,
-            timeout=60,
-        )
-        operation = self._rest_json(response)
-        while not operation.get("done"):
-            time.sleep(5)
-            operation = self._rest_json(session.get(f"{TPU_API}/{operation['name']}", timeout=60))
-        if "error" in operation:
-            error = operation["error"]
-            raise ApiError(
-                int(error.get("code", 0)), str(error.get("status", error.get("code"))), error.get("message", "")
-            )
-
-    @staticmethod
-    def _rest_json(response) -> dict:
-        payload = response.json() if response.content else {}
-        if response.status_code >= 400:
-            error = payload.get("error", {})
-            raise ApiError(response.status_code, error.get("status", "UNKNOWN"), error.get("message", response.text))
-        return payload
-
-    def get_queued_resource(self, name: str) -> dict:
-        message = self._call(self._client.get_queued_resource, name=name)
-        return json.loads(self._tpu.QueuedResource.to_json(message, use_integers_for_enums=False))
-
-    def delete_queued_resource(self, name: str) -> None:
-        request = self._tpu.DeleteQueuedResourceRequest(name=name, force=True)
-        operation = self._call(self._client.delete_queued_resource, request=request)
-        self._call(operation.result, timeout=900)
-
-    def get_node(self, name: str) -> dict:
-        message = self._call(self._client.get_node, name=name)
-        return json.loads(self._tpu.Node.to_json(message, use_integers_for_enums=False))
-
-
 class QueuedResourceProvider(ResourceProvider):
-    """create / read / delete / diff for a queued resource; replacement on any request change."""
+    """create / read / diff / update / delete for a queued resource; see the module docstring."""
 
     def __init__(
         self,
@@ -279,118 +368,304 @@ class QueuedResourceProvider(ResourceProvider):
         poll_seconds: float = 30.0,
         progress: Callable[[str], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ):
+        super().__init__()
         self.api_factory = api_factory
         self.poll_seconds = poll_seconds
         self.progress = progress
         self.sleep = sleep
         self.clock = clock
+        self.auth = None
+
+    def configure(self, req: ConfigureRequest) -> None:
+        """Take the gcp provider's credentials settings from the stack config (dynamic providers get it here)."""
+        from gcp_credentials import gcp_auth
+
+        self.auth = gcp_auth(req.config.get, os.environ)
 
     def _api(self) -> TpuApi:
-        return self.api_factory() if self.api_factory else GoogleTpuApi()
+        if self.api_factory:
+            return self.api_factory()
+        from gcp_credentials import credentials_for, gcp_auth
+
+        auth = self.auth or gcp_auth(lambda _key: None, os.environ)
+        return GoogleTpuApi(credentials=credentials_for(auth))
 
     def _say(self, message: str) -> None:
         (self.progress or _report)(message)
 
+    # --- create ---------------------------------------------------------------------------------
+
     def create(self, props: dict[str, Any]) -> CreateResult:
         api = self._api()
-        qr_id, misses = props["queued_resource_id"], []
-        for position, zone in enumerate(props["zones"]):
-            parent = f"projects/{props['project']}/locations/{zone}"
-            name = f"{parent}/queuedResources/{qr_id}"
-            last_zone = position == len(props["zones"]) - 1
-            self._say(f"{qr_id}: requesting {props['accelerator_type']} ({props['provisioning']}) in {zone}")
+        outs, start = self._adopt(api, props)
+        if outs is None:
+            outs = self._queue(api, props, start, [])
+        return CreateResult(id_=props["queued_resource_id"], outs=outs)
+
+    def _adopt(self, api: TpuApi, props: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
+        """A request of this name an interrupted run left in any zone: adopt the live one, delete dead ones.
+
+        Returns the adopted request's outputs, or None and where in the chain to start queueing: after
+        a leftover that FAILED (that candidate was just tried), else at the top.
+        """
+        found: list[tuple[str, dict]] = []
+        for zone in dict.fromkeys(c.zone for c in candidates(props)):
             try:
-                api.create_queued_resource(parent, qr_id, build_request(props, zone))
+                found.append((zone, api.get_queued_resource(queued_resource_name(props, zone))))
             except ApiError as error:
+                if error.status != "NOT_FOUND":
+                    raise
+        live = [(zone, q) for zone, q in found if state_of(q) not in DEAD]
+        start, chain = 0, candidates(props)
+        for zone, q in found:
+            if live and (zone, q) == live[0]:
+                continue
+            self._say(f"{props['queued_resource_id']}: removing a leftover {state_of(q)} request in {zone}")
+            self._delete_and_wait(api, queued_resource_name(props, zone), node_name(props, zone), props)
+            leftover = Candidate(zone, self._provisioning_of(q))
+            if state_of(q) == "FAILED" and leftover in chain:
+                start = chain.index(leftover) + 1
+        if not live:
+            return None, start
+        zone, existing = live[0]
+        node = existing["tpu"]["nodeSpec"][0]["node"]
+        if node.get("acceleratorType") != props["accelerator_type"]:
+            raise QueuedResourceFailed(
+                queued_resource_name(props, zone),
+                state_of(existing),
+                f"exists with acceleratorType {node.get('acceleratorType')}, this stack asks for "
+                f"{props['accelerator_type']}: delete it (gcloud compute tpus queued-resources delete) or rename",
+            )
+        self._say(f"{props['queued_resource_id']}: adopting the existing {state_of(existing)} request in {zone}")
+        observation = self._wait(api, queued_resource_name(props, zone), self.clock() + self._create_wait(props))
+        return self._outs(api, props, Candidate(zone, self._provisioning_of(existing)), observation, []), 0
+
+    @staticmethod
+    def _provisioning_of(queued_resource: dict) -> str:
+        if queued_resource.get("provisioningModel") == "FLEX_START":
+            return "flex-start"
+        if "spot" in queued_resource:
+            return "spot"
+        if "guaranteed" in queued_resource:
+            return "reserved" if queued_resource["guaranteed"].get("reserved") else "guaranteed"
+        return "standard"
+
+    @staticmethod
+    def _create_wait(props: dict[str, Any]) -> float:
+        wait = props.get("create_wait_seconds")
+        return float(DEFAULT_CREATE_WAIT if wait is None else wait)
+
+    def _queue(self, api: TpuApi, props: dict[str, Any], start: int, history: list[dict]) -> dict[str, Any]:
+        """Ask along the chain from `start`; return the outputs of the request that now exists."""
+        chain = candidates(props)
+        if not chain:
+            raise QueuedResourceFailed(props["queued_resource_id"], "REFUSED", "the fallback chain is empty")
+        order = chain[start % len(chain) :] + chain[: start % len(chain)]
+        deadline = self.clock() + self._create_wait(props)
+        misses: list[str] = []
+        qr_id = props["queued_resource_id"]
+        for candidate in order:
+            parent = f"projects/{props['project']}/locations/{candidate.zone}"
+            name = f"{parent}/queuedResources/{qr_id}"
+            self._say(f"{qr_id}: requesting {props['accelerator_type']} ({candidate})")
+            try:
+                api.create_queued_resource(parent, qr_id, build_request(props, candidate.zone, candidate.provisioning))
+            except ApiError as error:
+                if error.status == "ALREADY_EXISTS":
+                    adopted, _ = self._adopt(api, props)
+                    if adopted is not None:
+                        return adopted
+                    continue
                 if is_capacity_error(error.status, error.message):
-                    misses.append(f"{zone}: {error.message}")
-                    self._say(f"{qr_id}: no capacity in {zone} ({error.message}); trying the next zone")
+                    misses.append(f"{candidate}: {error.message}")
+                    history.append(self._event(candidate, "REFUSED", error.message))
+                    self._say(f"{qr_id}: no capacity in {candidate.zone} ({error.message}); trying the next candidate")
                     continue
                 raise QueuedResourceFailed(name, "REFUSED", f"{error.status}: {error.message}") from error
-            try:
-                queued = self._wait_active(api, name, props)
-            except QueuedResourceFailed as failure:
-                # Never leave a failed request holding quota (or blocking the id in this zone).
-                self._say(f"{qr_id}: {failure.state} in {zone} ({failure.reason}); deleting it")
-                self._delete_quietly(api, name)
-                if failure.capacity and not last_zone:
-                    misses.append(f"{zone}: {failure.reason}")
+            # From here on the request exists in Google Cloud: never raise, or it would be orphaned.
+            observation = self._wait(api, name, deadline)
+            if observation.state in ("FAILED", "SUSPENDED"):
+                # Dead already: delete it and move on. Only what is really gone may be left out of the
+                # outputs; a request that cannot be deleted is returned, so Pulumi keeps track of it.
+                misses.append(f"{candidate}: {observation.state} {observation.reason}")
+                history.append(self._event(candidate, observation.state, observation.reason))
+                self._say(f"{qr_id}: {observation.state} ({observation.reason}); trying the next candidate")
+                try:
+                    self._delete_and_wait(api, name, node_name(props, candidate.zone), props)
                     continue
-                raise
-            return CreateResult(id_=name, outs=self._outs(api, props, zone, name, queued))
-        raise QueuedResourceFailed(f"{qr_id}", "NO_CAPACITY", "no zone had capacity: " + "; ".join(misses))
+                except (ApiError, QueuedResourceFailed) as error:
+                    self._say(f"{qr_id}: could not delete the {observation.state} request ({error}); keeping it")
+            return self._outs(api, props, candidate, observation, history)
+        raise QueuedResourceFailed(qr_id, "NO_CAPACITY", "no candidate could be queued: " + "; ".join(misses))
 
-    def _wait_active(self, api: TpuApi, name: str, props: dict[str, Any]) -> dict:
-        started, seen = self.clock(), None
-        timeout = float(props.get("wait_timeout_seconds") or 3 * 3600)
+    def _event(self, candidate: Candidate, state: str, reason: str) -> dict[str, str]:
+        return {
+            "at": rfc3339(self.clock()),
+            "zone": candidate.zone,
+            "provisioning": candidate.provisioning,
+            "state": state,
+            "reason": reason[:300],
+        }
+
+    def _wait(self, api: TpuApi, name: str, deadline: float) -> Observation:
+        """Poll until ACTIVE, dead, or the deadline; errors while reading end the wait as UNKNOWN."""
+        started, seen, errors = self.clock(), None, 0
+        short = name.rsplit("/", 1)[-1]
         while True:
-            queued = api.get_queued_resource(name)
-            state = state_of(queued)
-            if state != seen:
-                self._say(f"{name.rsplit('/', 1)[-1]}: {state} after {int(self.clock() - started)} s")
-                seen = state
-            if state == ACTIVE:
-                return queued
-            if state in FAILED_STATES:
-                raise QueuedResourceFailed(name, state, failure_reason(queued))
-            if self.clock() - started > timeout:
-                raise QueuedResourceFailed(name, state, f"not ACTIVE within {int(timeout)} s (wait_timeout_seconds)")
+            try:
+                queued = api.get_queued_resource(name)
+            except ApiError as error:
+                if error.status == "NOT_FOUND":
+                    return Observation(GONE)
+                errors += 1
+                self._say(f"{short}: could not read its state ({error})")
+                if errors >= 3 or self.clock() >= deadline:
+                    return Observation(UNKNOWN, f"last read failed: {error}")
+                self.sleep(self.poll_seconds)
+                continue
+            observation = Observation.of(queued)
+            if observation.state != seen:
+                self._say(f"{short}: {observation.state} after {int(self.clock() - started)} s")
+                seen = observation.state
+            if observation.state == ACTIVE or observation.state in DEAD or self.clock() >= deadline:
+                return observation
             self.sleep(self.poll_seconds)
 
-    def _delete_quietly(self, api: TpuApi, name: str) -> None:
-        try:
-            api.delete_queued_resource(name)
-        except ApiError as error:
-            if error.status != "NOT_FOUND":
-                self._say(f"could not delete {name}: {error}; delete it by hand to release quota")
-
-    def _outs(self, api: TpuApi, props: dict[str, Any], zone: str, name: str, queued: dict) -> dict[str, Any]:
-        node_name = f"projects/{props['project']}/locations/{zone}/nodes/{props['node_id']}"
-        try:
-            node = api.get_node(node_name)
-        except ApiError:
-            node = {}
-        endpoints = node.get("networkEndpoints") or [{}]
-        external = (endpoints[0].get("accessConfig") or {}).get("externalIp") or None
+    def _outs(
+        self, api: TpuApi, props: dict[str, Any], candidate: Candidate, observation: Observation, history: list[dict]
+    ) -> dict[str, Any]:
+        internal = external = None
+        if observation.state == ACTIVE:
+            try:
+                endpoints = api.get_node(node_name(props, candidate.zone)).get("networkEndpoints") or [{}]
+                internal = endpoints[0].get("ipAddress")
+                external = (endpoints[0].get("accessConfig") or {}).get("externalIp") or None
+            except ApiError as error:
+                self._say(f"{props['node_id']}: could not read the node's address ({error})")
         return {
-            **props,
-            "zone": zone,
-            "queued_resource_name": name,
-            "node_name": node_name,
-            "state": state_of(queued),
-            "internal_ip": endpoints[0].get("ipAddress"),
+            **{k: props.get(k) for k in INPUT_KEYS},
+            "zone": candidate.zone,
+            "provisioning_model": candidate.provisioning,
+            "queued_resource_name": queued_resource_name(props, candidate.zone),
+            "node_name": node_name(props, candidate.zone),
+            "state": observation.state,
+            "state_reason": observation.reason or None,
+            "created_at": observation.created_at,
+            "termination_time": observation.termination_time,
+            "valid_until_time": observation.valid_until_time,
+            "internal_ip": internal,
             "external_ip": external,
+            "history": (list(props.get("history") or []) + history)[-HISTORY:],
         }
+
+    # --- read / diff / update ---------------------------------------------------------------------
+
+    def _observe(self, api: TpuApi, outs: dict[str, Any]) -> Observation:
+        name = outs.get("queued_resource_name") or queued_resource_name(outs, outs["zone"])
+        try:
+            return Observation.of(api.get_queued_resource(name))
+        except ApiError as error:
+            if error.status == "NOT_FOUND":
+                return Observation(GONE, "the request no longer exists")
+            raise
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         api = self._api()
-        try:
-            queued = api.get_queued_resource(id_)
-        except ApiError as error:
-            if error.status == "NOT_FOUND":
-                return ReadResult(id_="", outs={})
-            raise
-        return ReadResult(id_=id_, outs={**props, "state": state_of(queued)})
-
-    def delete(self, id_: str, props: dict[str, Any]) -> None:
-        self._delete_quietly(self._api(), id_)
+        observation = self._observe(api, props)
+        if observation.state == GONE:
+            return ReadResult(id_="", outs={})
+        candidate = Candidate(props["zone"], props.get("provisioning_model") or props["provisioning"])
+        return ReadResult(id_=id_, outs=self._outs(api, props, candidate, observation, []))
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changed = [key for key in REQUEST_KEYS if olds.get(key) != news.get(key)]
-        # The API has no update: a changed request is a new queued resource, deleted first (same id).
-        return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=True)
+        try:
+            live = self._observe(self._api(), olds)
+        except Exception as error:  # noqa: BLE001 - a preview without API access still diffs the inputs
+            self._say(f"{id_}: cannot read the live state ({error}); diffing against the stored state")
+            live = Observation.stored(olds)
+        decision = decide(olds, news, live, self.clock())
+        if decision.action not in ("none", "store"):
+            self._say(f"{id_}: {decision.action}: {decision.why}")
+        if decision.action == "replace":
+            return DiffResult(changes=True, replaces=list(decision.keys), delete_before_replace=True)
+        return DiffResult(changes=decision.action != "none", replaces=[], delete_before_replace=True)
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        api = self._api()
+        live = self._observe(api, olds)
+        decision = decide(olds, news, live, self.clock())
+        self._say(f"{id_}: {decision.action}: {decision.why}")
+        history = list(olds.get("history") or [])
+        if decision.action == "requeue":
+            current = Candidate(olds["zone"], olds.get("provisioning_model") or olds["provisioning"])
+            if live.state != GONE:
+                self._delete_and_wait(api, olds["queued_resource_name"], olds["node_name"], news)
+            history.append(self._event(current, live.state, live.reason or decision.why))
+            chain = candidates(news)
+            start = 0 if decision.from_top or current not in chain else chain.index(current) + 1
+            return UpdateResult(outs=self._queue(api, {**news, "history": history}, start, []))
+        if decision.action == "replace":
+            raise QueuedResourceFailed(olds["queued_resource_name"], live.state, decision.why + " (run up again)")
+        candidate = Candidate(olds["zone"], olds.get("provisioning_model") or olds["provisioning"])
+        if decision.action == "patch" and live.state == ACTIVE:
+            body = {key: (news.get(key) or ({} if key != "tags" else [])) for key in decision.keys}
+            api.patch_node(olds["node_name"], ",".join(decision.keys), body)
+        outs = self._outs(api, {**news, "history": history}, candidate, live, [])
+        return UpdateResult(outs=outs)
+
+    # --- delete -----------------------------------------------------------------------------------
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        zone = props.get("zone") or props["zones"][0]
+        name = props.get("queued_resource_name") or queued_resource_name(props, zone)
+        self._delete_and_wait(self._api(), name, props.get("node_name") or node_name(props, zone), props)
+
+    def _delete_and_wait(self, api: TpuApi, name: str, node: str, props: dict[str, Any]) -> None:
+        """Delete the request (force: its node goes with it) and return only once both are gone."""
+        try:
+            api.delete_queued_resource(name, force=True)
+        except ApiError as error:
+            if error.status == "NOT_FOUND":
+                return
+            raise
+        timeout = float(props.get("delete_timeout_seconds") or DEFAULT_DELETE_TIMEOUT)
+        started = self.clock()
+        state = "DELETING"
+        short = name.rsplit("/", 1)[-1]
+        while self.clock() - started < timeout:
+            try:
+                state = state_of(api.get_queued_resource(name))
+            except ApiError as error:
+                if error.status != "NOT_FOUND":
+                    raise
+                try:
+                    api.get_node(node)
+                    state = "NODE_STILL_PRESENT"
+                except ApiError as node_error:
+                    if node_error.status == "NOT_FOUND":
+                        self._say(f"{short}: deleted after {int(self.clock() - started)} s")
+                        return
+                    raise
+            self.sleep(self.poll_seconds)
+        raise QueuedResourceFailed(
+            name, state, f"still there {int(timeout)} s after the delete (delete_timeout_seconds)"
+        )
 
 
 class TpuQueuedResource(Resource):
-    """The dynamic resource; `props` are the REQUEST_KEYS plus wait_timeout_seconds."""
+    """The dynamic resource; `props` are INPUT_KEYS (see TpuSlice)."""
 
     zone: pulumi.Output[str]
+    provisioning_model: pulumi.Output[str]
     queued_resource_name: pulumi.Output[str]
+    node_name: pulumi.Output[str]
     state: pulumi.Output[str]
-    internal_ip: pulumi.Output[str]
+    state_reason: pulumi.Output[str | None]
+    internal_ip: pulumi.Output[str | None]
     external_ip: pulumi.Output[str | None]
+    termination_time: pulumi.Output[str | None]
 
     def __init__(
         self,
@@ -399,12 +674,20 @@ class TpuQueuedResource(Resource):
         opts: pulumi.ResourceOptions | None = None,
         provider: ResourceProvider | None = None,
     ):
-        outputs = {
-            "zone": None,
-            "queued_resource_name": None,
-            "node_name": None,
-            "state": None,
-            "internal_ip": None,
-            "external_ip": None,
-        }
+        outputs = dict.fromkeys(
+            (
+                "zone",
+                "provisioning_model",
+                "queued_resource_name",
+                "node_name",
+                "state",
+                "state_reason",
+                "created_at",
+                "termination_time",
+                "valid_until_time",
+                "internal_ip",
+                "external_ip",
+                "history",
+            )
+        )
         super().__init__(provider or QueuedResourceProvider(), name, {**outputs, **props}, opts)

@@ -24,6 +24,8 @@ class WeightsBucketArgs:
     writers: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     force_destroy: bool = False
+    # False: another stack owns the bucket (a name exists once); this stack only grants its own hosts.
+    create: bool = True
 
 
 class WeightsBucket(pulumi.ComponentResource):
@@ -31,24 +33,29 @@ class WeightsBucket(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: WeightsBucketArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gemmaserve:gcp:WeightsBucket", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        self.bucket = gcp.storage.Bucket(
-            f"{name}-bucket",
-            name=args.name,
-            project=args.project,
-            location=args.location,
-            uniform_bucket_level_access=True,
-            public_access_prevention="enforced",
-            force_destroy=args.force_destroy,
-            labels=args.labels,
-            opts=child,
-        )
+        # Children wait for what the component waits for (the project's APIs): Pulumi does not pass depends_on down.
+        child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None)
+        self.bucket = None
+        if args.create:
+            self.bucket = gcp.storage.Bucket(
+                f"{name}-bucket",
+                name=args.name,
+                project=args.project,
+                location=args.location,
+                uniform_bucket_level_access=True,
+                public_access_prevention="enforced",
+                force_destroy=args.force_destroy,
+                labels=args.labels,
+                opts=child,
+            )
+        # Non-authoritative members: each stack sharing the bucket adds its own hosts, none removes another's.
+        bucket = self.bucket.name if self.bucket is not None else pulumi.Output.from_input(args.name)
         gcp.storage.BucketIAMMember(
-            f"{name}-hosts-read", bucket=self.bucket.name, role=HOST_READ_ROLE, member=args.host_member, opts=child
+            f"{name}-hosts-read", bucket=bucket, role=HOST_READ_ROLE, member=args.host_member, opts=child
         )
         gcp.storage.BucketIAMMember(
             f"{name}-hosts-cache",
-            bucket=self.bucket.name,
+            bucket=bucket,
             role=HOST_CACHE_ROLE,
             member=args.host_member,
             condition=gcp.storage.BucketIAMMemberConditionArgs(
@@ -60,7 +67,7 @@ class WeightsBucket(pulumi.ComponentResource):
         )
         for index, member in enumerate(args.writers):
             gcp.storage.BucketIAMMember(
-                f"{name}-writer-{index}", bucket=self.bucket.name, role=OPERATOR_ROLE, member=member, opts=child
+                f"{name}-writer-{index}", bucket=bucket, role=OPERATOR_ROLE, member=member, opts=child
             )
-        self.uri = self.bucket.name.apply(lambda bucket: f"gs://{bucket}")
+        self.uri = bucket.apply(lambda bucket: f"gs://{bucket}")
         self.register_outputs({"uri": self.uri})

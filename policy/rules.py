@@ -25,6 +25,10 @@ INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
 DYNAMIC = "pulumi-python:dynamic:Resource"
 STACK = "pulumi:pulumi:Stack"
+SERVICE = "gcp:projects/service:Service"
+# `pulumi up` holds the stack lock while a create waits: a TPU queue is watched by `gemmaserve capacity`
+# instead, and create returns within this.
+MAX_CREATE_WAIT_SECONDS = 3600
 # GCP resources gemmaserve labels (cost attribution, cleanup); TPU queued resources carry node labels.
 LABELED_TYPES = (
     INSTANCE,
@@ -32,6 +36,7 @@ LABELED_TYPES = (
     "gcp:secretmanager/secret:Secret",
     "gcp:artifactregistry/repository:Repository",
     "gcp:compute/forwardingRule:ForwardingRule",
+    "gcp:storage/bucket:Bucket",
 )
 DEFAULT_REQUIRED_LABELS = ("app", "managed-by", "stack")
 DEFAULT_SERVING_PORTS = (8080,)
@@ -102,7 +107,8 @@ def check_flex_start_duration(resource_type: str, props: Mapping[str, Any]) -> l
                 return ["FLEX_START instance without scheduling.maxRunDuration"]
             if int(seconds) > 7 * 86400:
                 return [f"FLEX_START maxRunDuration {seconds} s exceeds 7 days"]
-    if is_queued_resource(resource_type, props) and props.get("provisioning") == "flex-start":
+    chain = [props.get("provisioning"), *(props.get("fallback_provisioning") or [])]
+    if is_queued_resource(resource_type, props) and "flex-start" in chain:
         seconds = props.get("max_run_seconds")
         if not seconds:
             return ["flex-start TPU queued resource without max_run_seconds"]
@@ -115,6 +121,26 @@ def check_queued_resource_protected(resource_type: str, props: Mapping[str, Any]
     """Never destroy an active queued resource by accident: a replacement can take hours to provision."""
     if is_queued_resource(resource_type, props) and not protect:
         return ["TPU queued resource is not protected (ResourceOptions(protect=True))"]
+    return []
+
+
+def check_bounded_create_wait(resource_type: str, props: Mapping[str, Any]) -> list[str]:
+    """A TPU queued resource's create returns within an hour: the queue is watched outside `pulumi up`."""
+    if not is_queued_resource(resource_type, props):
+        return []
+    wait = props.get("create_wait_seconds")
+    if wait is None or float(wait) > MAX_CREATE_WAIT_SECONDS:
+        return [
+            f"create_wait_seconds = {wait!r}: `pulumi up` would hold the stack lock while the queue waits;"
+            f" allowed: at most {MAX_CREATE_WAIT_SECONDS} (gemmaserve capacity wait follows the queue)"
+        ]
+    return []
+
+
+def check_api_kept_on_destroy(resource_type: str, props: Mapping[str, Any]) -> list[str]:
+    """Enabled APIs stay on when a stack is destroyed: other stacks in the project use them too."""
+    if resource_type == SERVICE and props.get("disableOnDestroy") is not False:
+        return [f"{props.get('service')}: disableOnDestroy must be false; destroying this stack would break others"]
     return []
 
 
@@ -194,6 +220,14 @@ def validate_plaintext_proxy(args: ResourceValidationArgs, report: ReportViolati
     _report(check_plaintext_proxy(args.resource_type, args.props), report)
 
 
+def validate_bounded_create_wait(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    _report(check_bounded_create_wait(args.resource_type, args.props), report)
+
+
+def validate_api_kept_on_destroy(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    _report(check_api_kept_on_destroy(args.resource_type, args.props), report)
+
+
 def validate_labels(args: ResourceValidationArgs, report: ReportViolation) -> None:
     required = args.get_config().get("requiredLabels", list(DEFAULT_REQUIRED_LABELS))
     _report(check_labels(args.resource_type, args.props, required), report)
@@ -243,6 +277,16 @@ POLICIES = [
         "tpu-queued-resource-protected",
         "TPU queued resources are protected from accidental deletion.",
         validate_queued_resource_protected,
+    ),
+    _mandatory(
+        "tpu-create-wait-bounded",
+        "A TPU queued resource's create returns within an hour instead of holding `pulumi up`.",
+        validate_bounded_create_wait,
+    ),
+    _mandatory(
+        "apis-kept-on-destroy",
+        "Project APIs the stack enables are never disabled when it is destroyed.",
+        validate_api_kept_on_destroy,
     ),
     _mandatory(
         "labels-present",

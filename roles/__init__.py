@@ -5,12 +5,24 @@ from __future__ import annotations
 
 
 def _settings() -> tuple:
-    from roles import access, base, caches, monitoring, nvidia, replicas, rocm, router, secrets, tpu, vllm, weights
-
-    return tuple(
-        m.Settings
-        for m in (base, nvidia, rocm, tpu, vllm, secrets, weights, caches, access, router, replicas, monitoring)
+    from roles import (
+        access,
+        base,
+        caches,
+        monitoring,
+        nvidia,
+        preemption,
+        replicas,
+        rocm,
+        router,
+        secrets,
+        tpu,
+        vllm,
+        weights,
     )
+
+    roles = (base, nvidia, rocm, tpu, vllm, secrets, weights, caches, access, router, replicas, preemption, monitoring)
+    return tuple(m.Settings for m in roles)
 
 
 def __getattr__(name: str):

@@ -157,6 +157,26 @@ def fresh_sandbox_host(
 
 
 @pytest.fixture(scope="session")
+def served_image(served_assets: None):
+    """The sandbox's serving image (gemmaserve/sandbox/image.py): built once per input change (minutes),
+    then cached as an OCI archive that hosts booted afterwards get bound read-only."""
+    from gemmaserve.sandbox.demo import ensure_image
+
+    return ensure_image()
+
+
+@pytest.fixture(scope="session")
+def serving_peer(request: pytest.FixtureRequest, sandbox_ready: None, served_assets: None) -> state.Host:
+    """A second host serving the default profile (one wheel replica): where clients go while a host
+    under test reboots. Brought up and deployed once per session."""
+    [index] = state.free_indices(1)
+    [host] = bring_up([index], request)
+    result = deploy(host.name)
+    assert result.ok, result.output[-4000:]
+    return host
+
+
+@pytest.fixture(scope="session")
 def vllm_python() -> Path:
     """The vLLM CPU venv's python, built on first use (about 2 minutes, then cached under /opt/gemmaserve)."""
     from gemmaserve.sandbox.demo import ensure_engine, sandbox_plan
@@ -211,11 +231,20 @@ def wait_until(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+# HAProxy's answer when none of a host's replicas can take a request: no replica accepted it.
+NO_SERVER = "No server is available to handle this request"
+
+
 @dataclass
 class Load:
-    """A bounded client loop against a sandbox host's balancer: `threads` workers, at most `limit` chat
+    """A bounded client loop against sandbox hosts' balancers: `threads` workers, at most `limit` chat
     requests or `seconds`, whichever first; every non-200 answer or error is recorded in `failures`.
-    `key` overrides the endpoint's API key ("" keeps it)."""
+    `key` overrides the endpoint's API key ("" keeps it).
+
+    `endpoint` is one host's endpoint or several: a request a host does not accept (connection refused, or
+    HAProxy with no replica to give it to) goes to the next, as a balancer in front of the hosts would send
+    it (`rerouted` counts those). Every `stream_every`-th request streams `stream_tokens` tokens and must
+    reach `[DONE]`; `spans` records (start, end, endpoint index) of every completed request."""
 
     endpoint: Any
     model: str
@@ -223,29 +252,67 @@ class Load:
     seconds: float = 600
     threads: int = 3
     key: str | None = ""
+    stream_every: int = 0
+    stream_tokens: int = 200
     ok: int = 0
+    rerouted: int = 0
     failures: list[str] = field(default_factory=list)
+    spans: list[tuple[float, float, int]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _sent: int = 0
 
-    def _one(self) -> None:
-        payload = {
-            "model": self.model,
-            "max_tokens": 4,
-            "temperature": 0,
-            "messages": [{"role": "user", "content": "ping"}],
-        }
-        try:
-            status, body = self.endpoint.request("/v1/chat/completions", payload, 120, key=self.key)
+    def _attempt(self, endpoint: Any, streaming: bool) -> tuple[int, str]:
+        payload = {"model": self.model, "temperature": 0, "messages": [{"role": "user", "content": "ping"}]}
+        if streaming:
+            payload.update(max_tokens=self.stream_tokens, stream=True, ignore_eos=True)
+        else:
+            payload.update(max_tokens=4)
+        return endpoint.request("/v1/chat/completions", payload, 120, key=self.key)
+
+    def _one(self, number: int) -> None:
+        from gemmaserve.ops.endpoint import EndpointError
+
+        endpoints = list(self.endpoint) if isinstance(self.endpoint, list | tuple) else [self.endpoint]
+        order = [(number + k) % len(endpoints) for k in range(len(endpoints))]
+        streaming = bool(self.stream_every) and number % self.stream_every == 0
+        started = time.monotonic()
+        for position, which in enumerate(order):
+            last, url = position == len(order) - 1, endpoints[which].base_url
+            try:
+                status, body = self._attempt(endpoints[which], streaming)
+            except EndpointError as error:
+                cause = error.__cause__
+                if isinstance(getattr(cause, "reason", cause), ConnectionRefusedError) and not last:
+                    with self._lock:
+                        self.rerouted += 1
+                    continue
+                with self._lock:
+                    self.failures.append(f"{url}: {error!r}")
+                return
+            if status == 503 and NO_SERVER in body and not last:
+                with self._lock:
+                    self.rerouted += 1
+                continue
+            problem = None
             if status != 200:
-                raise RuntimeError(f"HTTP {status}: {body[:200]}")
-            json.loads(body)
+                problem = f"HTTP {status}: {body[:200]}"
+            elif streaming and "data: [DONE]" not in body:
+                problem = f"stream cut after {body.count('data:')} events"
+            elif not streaming and "choices" not in json.loads(body):
+                problem = f"no choices: {body[:200]}"
             with self._lock:
-                self.ok += 1
-        except Exception as error:  # every failure is recorded and asserted on
-            with self._lock:
-                self.failures.append(repr(error))
+                if problem:
+                    self.failures.append(f"{url}: {problem}")
+                else:
+                    self.ok += 1
+                    self.spans.append((started, time.monotonic(), which))
+            return
+
+    def in_flight_at(self, moment: float, endpoint: int | None = None) -> int:
+        """Completed requests (to endpoint number `endpoint`, or any) that started before `moment` and ended
+        after it."""
+        return sum(1 for start, end, to in self.spans if start < moment < end and endpoint in (None, to))
 
     def _worker(self, deadline: float) -> None:
         while not self._stop.is_set() and time.monotonic() < deadline:
@@ -253,7 +320,8 @@ class Load:
                 if self._sent >= self.limit:
                     return
                 self._sent += 1
-            self._one()
+                number = self._sent
+            self._one(number)
 
     def __enter__(self) -> Load:
         deadline = time.monotonic() + self.seconds

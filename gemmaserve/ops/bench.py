@@ -12,7 +12,7 @@ from typing import Any
 from gemmaserve.ops import fleet
 from gemmaserve.ops.endpoint import API_KEY_ENV, CA_CERT_ENV
 from gemmaserve.ops.status import metric_sums
-from gemmaserve.plan import HF_HOME, Plan
+from gemmaserve.plan import CONTAINER_RUNTIME, HF_HOME, STATE_DIR, Plan
 
 # vLLM's Gemma 4 recipe, "Benchmark Configurations" (https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html): input / output tokens.
 PROFILES = {"prompt-heavy": (8000, 1000), "decode-heavy": (1000, 8000), "balanced": (1000, 1000)}
@@ -65,16 +65,18 @@ def bench_command(
     """The `vllm bench serve` line for one point, run on the host against its own HAProxy at `base_url`
     (https://ADDRESS:PORT, the name its certificate carries). The API key arrives on standard input and
     reaches vLLM's benchmark as OPENAI_API_KEY (never on a command line); `ca_cert` (a file on the host)
-    is what its TLS client trusts (SSL_CERT_FILE)."""
+    is what its TLS client trusts (SSL_CERT_FILE; in container mode a file under RESULT_DIR, which the
+    container mounts)."""
     model = serving.model
     tokenizer = model.local_dir or model.hf_id
     if serving.engine.kind == "wheel":
         vllm = f"{serving.engine.vllm_executable}"
     else:
+        # The serving image's own `vllm bench`, under the same runtime and flags the replicas use.
         vllm = (
-            f"docker run --rm --network=host -v {HF_HOME}:{HF_HOME} -v {RESULT_DIR}:{RESULT_DIR} "
-            f"-e HF_HOME={HF_HOME} -e OPENAI_API_KEY{' -e SSL_CERT_FILE' if ca_cert else ''} "
-            f"--entrypoint vllm {serving.engine.image}"
+            f"{CONTAINER_RUNTIME} run --rm --pull=never --cgroups=disabled --network=host -v {STATE_DIR}:{STATE_DIR} "
+            f"-v {RESULT_DIR}:{RESULT_DIR} -e HF_HOME={HF_HOME} -e OPENAI_API_KEY "
+            f"{'-e SSL_CERT_FILE ' if ca_cert else ''}--entrypoint vllm {serving.engine.image}"
         )
     env = f"HF_HOME={HF_HOME} " + ("HF_HUB_OFFLINE=1 " if model.is_test_model else "")
     if ca_cert:

@@ -1,10 +1,11 @@
-"""The `gemmaserve` command line: plan, demo, status, verify, bench, keys, sandbox, tiny-model."""
+"""The `gemmaserve` command line: plan, demo, status, verify, bench, keys, capacity, sandbox, tiny-model."""
 
 from __future__ import annotations
 
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,7 @@ def plan_command(
 ) -> None:
     """Show the replicas, vLLM argv/env and KV-cache capacity a spec produces."""
     from gemmaserve.plan import plan
-    from gemmaserve.sources import SPEC_KEYS, read_stack_config
+    from gemmaserve.sources import SPEC_KEYS, read_stack_config, stack_scoped_secrets
     from gemmaserve.spec import SpecError, parse_spec
 
     flags = _overrides(
@@ -101,7 +102,10 @@ def plan_command(
         flags["engine"] = {"vllm_version": vllm_version}
     try:
         if stack:
-            base = {k: v for k, v in read_stack_config(stack, project_dir).items() if k in SPEC_KEYS}
+            # Secrets as the stack names them (gs-STACK-NAME), as its hosts and its `plan` output see them.
+            base = stack_scoped_secrets(
+                stack, {k: v for k, v in read_stack_config(stack, project_dir).items() if k in SPEC_KEYS}
+            )
             spec = parse_spec(_merge(base, flags), f"Pulumi.{stack}.yaml" + (" + flags" if flags else ""))
         else:
             if "model" not in flags or "accelerator" not in flags:
@@ -182,6 +186,9 @@ def demo(
     weights: str = typer.Option(
         "local", "--weights", help="local: the bound test model; bucket: mirror it into the sandbox's bucket, pull it."
     ),
+    engine: str = typer.Option(
+        "wheel", "--engine", help="wheel (the pinned venv) or container (the same vLLM from a locally built image)."
+    ),
 ) -> None:
     """Sandbox host -> real pyinfra deploy -> vLLM (CPU) + HAProxy -> verified endpoint."""
     from gemmaserve.sandbox.demo import DemoError, run_demo, run_demo_down
@@ -189,7 +196,7 @@ def demo(
     if weights not in ("local", "bucket"):
         _fail(f"error: --weights = {weights!r}: allowed: local, bucket", EXIT_BAD_INPUT)
     try:
-        run_demo_down() if down else run_demo(weights=weights)
+        run_demo_down() if down else run_demo(engine, weights=weights)
     except DemoError as error:
         _fail(f"demo failed: {error}", 1)
 
@@ -434,11 +441,107 @@ def tiny_model(out: str = typer.Argument(..., help="Directory to write the check
     typer.echo(f"tiny test model written to {path}")
 
 
+capacity_app = typer.Typer(no_args_is_help=True, add_completion=False)
+_STACK = typer.Option(..., "--stack", help="The Pulumi stack (Pulumi.STACK.yaml).")
+_PROJECT_DIR = typer.Option(Path("."), "--project-dir", help="Where Pulumi.yaml and the stack files are.")
+
+
+def _open_capacity(stack: str, project_dir: Path):
+    """The stack (checked against its stack file first) and read-only cloud clients with its credentials."""
+    from gemmaserve.ops import capacity
+    from gemmaserve.sources import read_stack_config
+    from gemmaserve.spec import SpecError
+
+    try:
+        read_stack_config(stack, project_dir)
+    except SpecError as error:
+        _fail(f"error: {error}", EXIT_BAD_INPUT)
+    try:
+        opened = capacity.open_stack(stack, project_dir)
+    except FileNotFoundError as error:
+        _fail(f"error: {error.filename or error}: not found; `gemmaserve capacity` drives the pulumi CLI", 1)
+    except Exception as error:  # noqa: BLE001 - the automation API's CommandError, StackNotFoundError, ...
+        _fail(f"error: stack {stack}: {type(error).__name__}: {str(error).strip()[:1000]}", 1)
+    return capacity, opened, capacity.open_clouds(opened)
+
+
+def _log(message: str) -> None:
+    stamp = time.strftime("%H:%M:%S")
+    for line in message.rstrip().splitlines() or [""]:
+        typer.echo(f"[{stamp}] {line}", err=True)
+
+
+@capacity_app.command("status")
+def capacity_status(
+    stack: str = _STACK,
+    project_dir: Path = _PROJECT_DIR,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Each queued resource / VM: state, zone, provisioning model, time in queue, time left, and what `up` would do."""
+    capacity, opened, clouds = _open_capacity(stack, project_dir)
+    rows = capacity.survey(opened, clouds, capacity.clock())
+    typer.echo(capacity.as_json(rows)) if as_json else capacity.print_table(rows, stack)
+
+
+@capacity_app.command("wait")
+def capacity_wait(
+    stack: str = _STACK,
+    project_dir: Path = _PROJECT_DIR,
+    timeout: str = typer.Option("6h", "--timeout", help="Give up after this long (e.g. 90m, 6h, 2d)."),
+    poll: float = typer.Option(60, "--poll", help="Seconds between looks."),
+    as_json: bool = typer.Option(False, "--json", help="Print the capacity and the hosts output as JSON."),
+) -> None:
+    """Until every queued resource / VM is ACTIVE (re-queueing through `pulumi up` as needed), then refresh hosts."""
+    seconds = _duration_option("--timeout", timeout)
+    capacity, opened, clouds = _open_capacity(stack, project_dir)
+    ready, rows, outputs = capacity.wait(
+        opened, clouds, seconds, poll, _log, clock=capacity.clock, sleep=capacity.pause
+    )
+    if as_json:
+        typer.echo(json.dumps({"ready": ready, "capacity": json.loads(capacity.as_json(rows)), **outputs}, indent=2))
+    else:
+        capacity.print_table(rows, stack)
+        if ready:
+            typer.echo(f"ready: deploy with GEMMASERVE_STACK={stack} pyinfra hosts/stack.py deploy.py")
+    raise typer.Exit(0 if ready else 1)
+
+
+@capacity_app.command("watch")
+def capacity_watch(
+    stack: str = _STACK,
+    project_dir: Path = _PROJECT_DIR,
+    interval: str = typer.Option("5m", "--interval", help="Time between passes (e.g. 60s, 5m)."),
+    once: bool = typer.Option(False, "--once", help="One pass, then exit (for a timer or a CI schedule)."),
+) -> None:
+    """Reconciler: re-queue dead capacity along the fallback chain, recycle flex-start, refresh hosts (systemd-friendly)."""
+    seconds = _duration_option("--interval", interval)
+    capacity, opened, clouds = _open_capacity(stack, project_dir)
+    stopper = capacity.Stopper().install()
+    passes = capacity.watch(
+        opened, clouds, seconds, _log, passes=1 if once else None, sleep=stopper.sleep, stop=stopper
+    )
+    raise typer.Exit(1 if passes and passes[-1].error else 0)
+
+
+def _duration_option(flag: str, value: str) -> float:
+    from gemmaserve.spec import parse_duration
+
+    try:
+        return parse_duration(value).total_seconds()
+    except ValueError as error:
+        _fail(f"error: {flag} = {value!r}: {error}", EXIT_BAD_INPUT)
+
+
 def _register_subcommands() -> None:
     # The sandbox sub-app imports only typer at module level, so `gemmaserve plan` stays under a second.
     from gemmaserve.sandbox.cli import sandbox_app
 
     app.add_typer(sandbox_app, name="sandbox", help="Local sandbox hosts (systemd-nspawn) for demos and tests.")
+    app.add_typer(
+        capacity_app,
+        name="capacity",
+        help="TPU queued resources and GPU VMs of a stack: status, wait until ACTIVE, watch (re-queue, recycle).",
+    )
 
 
 _register_subcommands()

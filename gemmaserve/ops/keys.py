@@ -125,7 +125,8 @@ def inventory_change(inventory: str, action: str, key_id: str, digest: str | Non
 
 
 def stack_secret(stack: str, project_dir: Path = Path(".")) -> str:
-    """projects/P/secrets/NAME of a stack's key secret (serving.api_keys.secret_manager + gcp:project)."""
+    """projects/P/secrets/NAME of a stack's key secret (serving.api_keys.secret_manager, named as the stack
+    created it, + gcp:project)."""
     spec = load_stack_spec(stack, project_dir)
     secret = plan(spec).access.key_secret
     if secret is None:

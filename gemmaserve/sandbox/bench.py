@@ -1,5 +1,6 @@
 """Figures for the sandbox: rootfs build, cached unpack, host up, boot, idle RSS, down; and with a deploy:
-pyinfra deploy, no-op redeploy, time to first token after a cold and a warm replica restart."""
+pyinfra deploy, no-op redeploy, time to first token after a cold and a warm replica restart; and the
+same for both engines, the pinned venv and the locally built image under podman."""
 
 from __future__ import annotations
 
@@ -149,6 +150,42 @@ def measure_deploy(log: Log = print) -> dict[str, float]:
     finally:
         compiled.unlink(missing_ok=True)
         lifecycle.down([host.name], log=log)
+    return figures
+
+
+def measure_engines(log: Log = print) -> dict[str, float]:
+    """The demo profile served by each engine on a fresh host of this machine, one after the other:
+    image build (or the cached build's recorded time), first deploy, no-op redeploy, first token after
+    a cold and a warm restart."""
+    from gemmaserve.sandbox.demo import ensure_engine_and_model, ensure_image
+    from gemmaserve.sandbox.profile import container_engine_data
+
+    ensure_engine_and_model()
+    started = time.monotonic()
+    built = ensure_image()
+    figures: dict[str, float] = {
+        "image_build_s": built.build_s + built.save_s,
+        "image_ensure_now_s": time.monotonic() - started,
+        "image_archive_mb": built.archive_bytes / 1e6,
+    }
+    for engine, data in (("wheel", {}), ("container", container_engine_data(built.reference, built.archive))):
+        [index] = state.free_indices(1)
+        [host] = lifecycle.up_hosts([index], log=log)
+        state.set_host_data(host.name, data)
+        try:
+            figures[f"{engine}_first_deploy_s"], _ = _pyinfra([host.name])
+            figures[f"{engine}_noop_redeploy_s"], _ = _pyinfra([host.name])
+            cold = _first_token_after(host, COLD, log)
+            warm = _first_token_after(host, WARM, log)
+            figures[f"{engine}_first_token_after_cold_restart_s"] = cold
+            figures[f"{engine}_first_token_after_warm_restart_s"] = warm
+            log(
+                f"{engine}: deploy {figures[f'{engine}_first_deploy_s']:.1f} s, no-op "
+                f"{figures[f'{engine}_noop_redeploy_s']:.1f} s, first token {cold:.1f} s after a cold restart, "
+                f"{warm:.1f} s after a warm one"
+            )
+        finally:
+            lifecycle.down([host.name], log=log)
     return figures
 
 

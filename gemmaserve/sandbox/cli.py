@@ -134,10 +134,14 @@ def bench(
         help="Also time cold starts of a 1 GB test model (local, pulled from the sandbox's bucket) against the "
         "disk's and the bucket's floors, and a second host warm from the bucket's compile cache vs cold.",
     ),
+    engines: bool = typer.Option(
+        False, "--engines", help="Also compare the wheel and the container engine on fresh hosts."
+    ),
 ) -> None:
     """Print sandbox figures: rootfs build and unpack, host up, boot to ssh, idle RSS, down
     (with --deploy: pyinfra deploy, no-op redeploy, first token after cold and warm restarts, eager and
-    compiled; with --fleet N: N fresh hosts in one pyinfra run against 1, with the CPU floor)."""
+    compiled; with --fleet N: N fresh hosts in one pyinfra run against 1, with the CPU floor; with
+    --engines: image build, deploy, no-op redeploy and restarts, wheel against container)."""
     from gemmaserve.sandbox import bench as sandbox_bench
 
     try:
@@ -148,6 +152,8 @@ def bench(
             figures.update(sandbox_bench.measure_fleet(fleet, log=_console_log()))
         if weights:
             figures.update(sandbox_bench.measure_weights(log=_console_log()))
+        if engines:
+            figures.update(sandbox_bench.measure_engines(log=_console_log()))
     except (RuntimeError, OSError) as error:
         _fail(error)
     sandbox_bench.print_figures(figures)

@@ -5,14 +5,18 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from rich.console import Console
 
 from gemmaserve.ops import fleet
 from gemmaserve.ops.endpoint import check_endpoint
 from gemmaserve.plan import Plan, plan
-from gemmaserve.sandbox.profile import TINY_MODEL_DIR, sandbox_host_data
+from gemmaserve.sandbox.profile import TINY_MODEL_DIR, container_engine_data, sandbox_host_data
 from gemmaserve.sources import spec_from_host_data
+
+ENGINES = ("wheel", "container")
+DEMO_HOST = "sandbox-1"
 
 # The vllm role's own program builds the CPU engine, on hosts and here alike.
 VLLM_CPU_BUILDER = fleet.REPO / "roles" / "vllm" / "files" / "vllm_cpu.py"
@@ -64,6 +68,28 @@ def ensure_engine_and_model() -> None:
         console.print("    already built")
 
 
+def ensure_image():
+    """The sandbox's serving image (vllm-cpu on the hosts' Debian), built once per input change; its
+    archive is bound read-only into hosts that boot after it exists."""
+    from gemmaserve.sandbox.image import cached_image
+
+    engine = sandbox_plan().engine
+    start = _step(f"serving image: vLLM CPU {engine.version} on Debian bookworm (podman build, once per input change)")
+    built = cached_image(Path(engine.venv), engine.version, log=lambda message: console.print(f"    {message}"))
+    _done(start)
+    return built
+
+
+def engine_host_data(engine: str) -> dict:
+    """Host data for the demo's engine: nothing for the wheel, the locally built image for a container."""
+    if engine not in ENGINES:
+        raise DemoError(f"--engine {engine!r}: allowed: {', '.join(ENGINES)}")
+    if engine == "wheel":
+        return {}
+    built = ensure_image()
+    return container_engine_data(built.reference, built.archive)
+
+
 def deploy(inventory: str = fleet.DEFAULT_INVENTORY, env: dict[str, str | None] | None = None) -> float:
     """Run the real pyinfra CLI on the inventory, showing each operation as it starts."""
     start = _step(f"pyinfra {inventory} deploy.py")
@@ -103,17 +129,19 @@ def mirror_into_sandbox_bucket() -> dict:
     return data
 
 
-def run_demo(weights: str = "local") -> None:
+def run_demo(engine: str = "wheel", weights: str = "local") -> None:
     import tempfile
 
     import yaml
 
     from gemmaserve import sandbox
     from gemmaserve.sandbox import credentials, state
+    from gemmaserve.sandbox.image import IMAGES_DIR
     from gemmaserve.sandbox.profile import OVERRIDE_ENV
 
     total = time.perf_counter()
     ensure_engine_and_model()
+    data = engine_host_data(engine)
     env = None
     if weights == "bucket":
         override = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="gemmaserve-demo-", delete=False)
@@ -121,14 +149,21 @@ def run_demo(weights: str = "local") -> None:
         override.close()
         env = {OVERRIDE_ENV: override.name}
     start = _step("sandbox host (Debian bookworm under systemd-nspawn)")
-    sandbox.up(1, log=lambda message: console.print(f"    {message}"))
+    [host] = sandbox.up(1, log=lambda message: console.print(f"    {message}"))
     _done(start)
+    if data and str(IMAGES_DIR) not in host.bind_ro:
+        raise DemoError(
+            f"{DEMO_HOST} booted before the image existed, so its archive is not bound into it: "
+            "run `gemmaserve demo --down`, then this again"
+        )
+    # Recorded with the host, so later deploys, `verify` and `status` plan the engine it runs.
+    state.set_host_data(DEMO_HOST, data)
+    console.print(f"    engine: {engine}" + (f" ({data['gemmaserve_engine']['image']})" if data else ""))
     deploy(env=env)
     start = _step("verify the endpoint: TLS, API key, models, chat, json_schema, tools; no key and /metrics refused")
-    host = next(h for h in sandbox.status() if h.name == "sandbox-1")
-    if not host.endpoint:
-        raise DemoError("sandbox-1's load balancer does not answer /health on port 8080 over TLS")
-    endpoint = credentials.endpoint(state.load_state().host("sandbox-1"))
+    if not next(h.endpoint for h in sandbox.status() if h.name == DEMO_HOST):
+        raise DemoError(f"{DEMO_HOST}'s load balancer does not answer /health on port 8080 over TLS")
+    endpoint = credentials.endpoint(state.load_state().host(DEMO_HOST))
     report = check_endpoint(endpoint.base_url, endpoint.credentials)
     _done(start, "all checks passed")
     model, key, ca = report.models[0], endpoint.credentials.api_key, endpoint.credentials.ca_cert
@@ -150,7 +185,8 @@ def run_demo(weights: str = "local") -> None:
         f"http_client=DefaultHttpxClient(verify=ssl.create_default_context(cafile=os.environ['GEMMASERVE_CA_CERT']))); "
         f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hi'}}], max_tokens=16))\"\n"
         f"  gemmaserve keys list --inventory hosts/sandbox.py   # add, revoke: see README\n"
-        f"  gemmaserve sandbox ssh sandbox-1 -- systemctl status 'vllm@*' haproxy\n"
+        f"  gemmaserve sandbox ssh {DEMO_HOST} -- systemctl status 'vllm@*' haproxy\n"
+        f"  gemmaserve verify --inventory hosts/sandbox.py\n"
         f"  make demo-down   # removes the host, its network, cgroups, CA and key"
     )
 

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gemmaserve.sandbox import cgroups, credentials, machine, network, rootfs, state
+from gemmaserve.sandbox.image import IMAGES_DIR
 from gemmaserve.sandbox.state import Host, State
 from gemmaserve.sandbox.system import Log, plain_log
 
-# Bound read-only when present: prebuilt vLLM venvs, and locally built test models (the catalog's
-# `tiny` model is served from /var/lib/gemmaserve/models/tiny-gemma4).
-DEFAULT_BINDS = ("/opt/gemmaserve/venvs", "/var/lib/gemmaserve/models")
+# Bound read-only when present: prebuilt vLLM venvs, locally built test models (the catalog's `tiny`
+# model is served from /var/lib/gemmaserve/models/tiny-gemma4) and the locally built serving image.
+DEFAULT_BINDS = ("/opt/gemmaserve/venvs", "/var/lib/gemmaserve/models", str(IMAGES_DIR))
 
 
 @dataclass
@@ -187,10 +188,16 @@ def _teardown(host: Host, log: Log) -> None:
     machine.remove_files(host)
 
 
-def reboot(name: str, log: Log = plain_log, timeout: float = machine.STOP_TIMEOUT_S) -> Host:
+def reboot(
+    name: str,
+    log: Log = plain_log,
+    timeout: float = machine.STOP_TIMEOUT_S,
+    boot_timeout: float = machine.BOOT_TIMEOUT_S,
+) -> Host:
     """Reboot a host as a machine reboots: systemd inside shuts everything down, nspawn exits (as it
     does on a container reboot, status 133), and the same rootfs boots again with fresh tmpfs mounts
-    (/dev/shm, /run), the same address, cgroups and binds."""
+    (/dev/shm, /run), the same address, cgroups and binds. `timeout` bounds the shutdown, `boot_timeout` the
+    boot, which ends when every start job has (replicas that load a model included)."""
     with state.locked_state() as st:
         host = st.host(name)
         if host is None or not machine.is_alive(host):
@@ -204,7 +211,7 @@ def reboot(name: str, log: Log = plain_log, timeout: float = machine.STOP_TIMEOU
         machine.remove_image_lock(host)
         host.pid = machine.start_nspawn(host, host.bind_ro)
         state.save_state(st)
-        machine.wait_booted(host, log)
+        machine.wait_booted(host, log, boot_timeout)
         log(f"{name}: rebooted in {time.monotonic() - started:.1f} s")
         return host
 

@@ -33,8 +33,15 @@ DEFAULT_DATA: dict[str, Any] = {
 }
 
 
-def sandbox_host_data() -> dict[str, Any]:
-    data = dict(DEFAULT_DATA)
+def container_engine_data(reference: str, archive: str) -> dict[str, Any]:
+    """Host data that serves the same profile from the sandbox's locally built image, run by digest,
+    loaded from its OCI archive (bound read-only into every host, gemmaserve/sandbox/image.py)."""
+    return {"gemmaserve_engine": {"kind": "container", "image": reference}, "vllm_image_archive": archive}
+
+
+def sandbox_host_data(host_data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The profile, then what `sandbox` recorded for this host (the demo's engine), then the override file."""
+    data = {**DEFAULT_DATA, **(host_data or {})}
     override = os.environ.get(OVERRIDE_ENV)
     if override:
         extra = yaml.safe_load(Path(override).read_text()) or {}

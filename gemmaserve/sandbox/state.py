@@ -37,6 +37,9 @@ class Host:
     bind_ro: list[str] = field(default_factory=list)
     # Seconds each phase of this host's last `up` took: rootfs_s, boot_s, up_s (for the benchmark).
     boot_timings: dict[str, float] = field(default_factory=dict)
+    # Host-data keys this host is served with on top of the profile (the demo's engine choice), so
+    # later deploys, `verify` and `status` through hosts/sandbox.py plan what it runs.
+    host_data: dict = field(default_factory=dict)
 
     @property
     def rootfs(self) -> Path:
@@ -59,6 +62,15 @@ class State:
 
 def host_name(index: int) -> str:
     return f"sandbox-{index}"
+
+
+def set_host_data(name: str, data: dict) -> None:
+    """Record the host-data keys `name` is served with (see Host.host_data)."""
+    with locked_state() as st:
+        host = st.host(name)
+        if host is None:
+            raise RuntimeError(f"no sandbox host named {name}")
+        host.host_data = dict(data)
 
 
 def free_indices(count: int, start: int = 101) -> list[int]:

@@ -70,3 +70,12 @@ def managed_service(service: str, current: UnitState | None, running: bool | Non
         # A unit that crash-looped sits in start-limit-hit until its failed state is cleared.
         yield f"systemctl reset-failed {service} 2>/dev/null || true"
     yield from systemd.service._inner(service=service, running=running, enabled=enabled)
+
+
+@operation()
+def managed_absent(path: str, current: PathState):
+    """Nothing at `path` (a file a role installed once and no longer wants)."""
+    if current.kind == "absent":
+        host.noop(f"{path} is absent")
+        return
+    yield from files.file._inner(path=path, present=False)

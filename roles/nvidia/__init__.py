@@ -13,7 +13,7 @@ from pyinfra.api import FactBase, deploy, operation
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.facts.server import KernelVersion, LinuxDistribution
-from pyinfra.operations import apt, systemd
+from pyinfra.operations import systemd
 
 from gemmaserve.plan import Plan
 from roles._lib.apt import APT_GET, install_packages, installed_version, upstream_version
@@ -53,7 +53,6 @@ OLD_PIN_FILE = "/etc/apt/preferences.d/gemmaserve-nvidia-driver"
 # Blackwell GPUs have no proprietary kernel module at all.
 OPEN_MODULES_ONLY = {"rtx-pro-6000", "b200"}
 TOOLKIT = "nvidia-container-toolkit"
-DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
 NVIDIA_VENDOR = "10de"
 # PCI ids (the pci.ids database, Debian's pci.ids 0.0~2026.10.24): NVSwitch bridges of HGX A100 (1af1) and
 # HGX H100/H200 (22a3), PCI class 0680 "Bridge". Fourth-generation (NVLink 5) switches of HGX B200/B300 are
@@ -89,6 +88,8 @@ DRIVER_PACKAGE_PATTERNS = (
 )
 # What needrestart must never restart on its own ($nrconf{override_rc}: needrestart.conf's own example).
 NO_AUTO_RESTART = ("nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm", "vllm@", "gemmaserve")
+# Where `nvidia-ctk cdi generate` writes the GPUs podman resolves `--device nvidia.com/gpu=N` against.
+CDI_SPEC = "/etc/cdi/nvidia.yaml"
 
 
 class NvidiaKernelModule(FactBase[dict | None]):
@@ -153,19 +154,24 @@ def parse_pci_devices(lines: list[str]) -> dict:
     return found
 
 
-class NvidiaDockerRuntime(FactBase[bool]):
-    """Whether Docker's daemon.json names the nvidia runtime (what `nvidia-ctk runtime configure` writes):
+class NvidiaCdiDevices(FactBase[list[str]]):
+    """The GPUs the host's CDI specs name, as `nvidia-ctk cdi list` prints them (what podman resolves
+    `--device nvidia.com/gpu=N` against):
 
     .. code:: python
 
-        True
+        ["nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=all"]
     """
 
     def command(self) -> str:
-        return f"grep -qs '\"nvidia\"' {DOCKER_DAEMON_JSON} && echo yes || echo no"
+        return "nvidia-ctk cdi list 2>/dev/null || true"
 
-    def process(self, output: list[str]) -> bool:
-        return bool(output) and output[0].strip() == "yes"
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if line.strip().startswith("nvidia.com/gpu=")]
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
 
 
 class NvidiaTopology(FactBase[str | None]):
@@ -275,23 +281,25 @@ def fabric_manager(install: bool, nvlink5: bool, branch: int, open_modules: bool
 
 
 @operation()
-def container_toolkit(engine: str):
-    """In container mode, install the NVIDIA container toolkit and register its Docker runtime."""
+def container_toolkit(engine: str, gpu_count: int, driver_loaded: bool):
+    """In container mode: the NVIDIA container toolkit and a CDI spec naming every GPU, so podman gives
+    each replica exactly its own (`--device nvidia.com/gpu=N`), numbered from 0 inside the container
+    (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/cdi-support.html)."""
     if engine != "container":
         host.noop(f"{engine} engine: no container runtime needed")
         return
-    changed = False
     if installed_version(TOOLKIT) is None:
         # The CUDA repository carries the toolkit too (no second apt source).
         yield f"{APT_GET} install {TOOLKIT}"
-        changed = True
-    if not host.get_fact(NvidiaDockerRuntime):
-        yield "nvidia-ctk runtime configure --runtime=docker"
-        changed = True
-    if changed:
-        yield "systemctl restart docker"
-    else:
-        host.noop("the nvidia Docker runtime is configured")
+    listed = host.get_fact(NvidiaCdiDevices)
+    if all(f"nvidia.com/gpu={i}" in listed for i in range(gpu_count)):
+        host.noop(f"{CDI_SPEC} names all {gpu_count} GPUs")
+        return
+    if not driver_loaded:
+        # nvidia-ctk reads the GPUs and driver libraries from the loaded driver: after the reboot.
+        host.noop("the CDI spec is generated once the driver is loaded (next deploy, after the reboot)")
+        return
+    yield f"nvidia-ctk cdi generate --output={CDI_SPEC}"
 
 
 def reboot_reason(loaded: dict | None, installed: str | None, branch: int, open_modules: bool) -> str | None:
@@ -372,9 +380,12 @@ def nvidia(serving: Plan) -> None:
         branch=branch,
         open_modules=open_modules,
     )
-    if serving.engine.kind == "container":
-        apt.packages(name="Install Docker", packages=["docker.io"], no_recommends=True)
-    container_toolkit(name="Install the NVIDIA container toolkit", engine=serving.engine.kind)
+    container_toolkit(
+        name="Install the NVIDIA container toolkit and its CDI spec (podman's GPU names)",
+        engine=serving.engine.kind,
+        gpu_count=wanted_gpus,
+        driver_loaded=host.get_fact(NvidiaKernelModule) is not None,
+    )
     _host_files(found)
     reboot_for_driver(
         name="Reboot into the new NVIDIA driver",

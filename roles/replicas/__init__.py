@@ -12,7 +12,7 @@ from pyinfra.api import deploy, operation
 from pyinfra.facts.server import Command
 from pyinfra.operations import files, server, systemd
 
-from gemmaserve.plan import STATE_DIR, Plan, ReplicaPlan
+from gemmaserve.plan import CONTAINER_RUNTIME, SHM_CACHE_ROOT, STATE_DIR, Plan, ReplicaPlan
 from roles._lib.facts import HostState, PathState
 from roles._lib.managed import managed_directory, managed_file, managed_service, same_content
 from roles._lib.programs import (
@@ -78,6 +78,11 @@ def affinity_dropin(replica: ReplicaPlan) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def container_env_path(index: int | str) -> str:
+    """The container's environment (podman --env-file): the plan's, and nothing of the unit's."""
+    return f"/etc/gemmaserve/replica-{index}.container.env"
+
+
 def replica_args(replica: ReplicaPlan) -> str:
     """argv after `vllm serve`, as systemd will word-split $VLLM_ARGS.
 
@@ -105,9 +110,19 @@ def emulator_env(serving: Plan, emulator: str | None) -> dict[str, str]:
 
 
 def render_env(serving: Plan, replica: ReplicaPlan, emulator: str | None = None) -> str:
+    """replica-N.env, the unit's environment: with a venv, the plan's environment for vLLM too; under
+    podman only what the unit's own commands use, so podman never runs with vLLM's TMPDIR or caches."""
     previous = serving.replicas[replica.index - 1] if replica.index else None
-    env = {**replica.env, **emulator_env(serving, emulator)}
-    env["GEMMASERVE_CACHE_DIRS"] = " ".join(env[k] for k in CACHE_ENV_KEYS if k in env)
+    container = serving.engine.kind == "container"
+    env = {} if container else {**replica.env, **emulator_env(serving, emulator)}
+    env["GEMMASERVE_CACHE_DIRS"] = " ".join(replica.env[k] for k in CACHE_ENV_KEYS if k in replica.env)
+    if container:
+        env["GEMMASERVE_CONTAINER_DEVICES"] = " ".join(f"--device={d}" for d in replica.container_devices)
+        if serving.accelerator.vendor == "nvidia":
+            # The GPU preflight runs on the host, before podman: it checks the host's GPUs of this replica
+            # (CUDA_VISIBLE_DEVICES is the container's own numbering, 0..tp-1) in PCI bus order.
+            env["GEMMASERVE_HOST_GPUS"] = ",".join(map(str, replica.devices))
+            env["CUDA_DEVICE_ORDER"] = replica.env["CUDA_DEVICE_ORDER"]
     return render(
         TEMPLATES / "replica.env.j2",
         index=replica.index,
@@ -119,39 +134,76 @@ def render_env(serving: Plan, replica: ReplicaPlan, emulator: str | None = None)
     )
 
 
+def render_container_env(replica: ReplicaPlan, extra: dict[str, str] | None = None) -> str:
+    """replica-N.container.env: the plan's environment for vLLM inside the container (plus `extra`)."""
+    lines = [
+        f"# Rendered by gemmaserve (roles/replicas) from the plan: replica {replica.index}'s container environment.",
+        "# No secrets here: the HF token is a systemd credential, mounted read-only (HF_TOKEN_PATH).",
+        *(f"{key}={value}" for key, value in {**replica.env, **(extra or {})}.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def container_flags(serving: Plan) -> list[str]:
+    """What every `podman run` of the pinned image gets, the serving container and the flag check alike:
+    host network and IPC, the host's state, caches and config, vLLM as the gemmaserve user with no
+    capabilities on a read-only root file system, and the accelerator's own needs."""
+    vendor = serving.accelerator.vendor
+    flags = [
+        # Run by digest from local storage; the vllm role loaded or pulled it before any replica changed.
+        "--pull=never",
+        # No cgroup of its own: the container stays in the unit's, where systemd accounts for and stops it
+        # (and a systemd-nspawn host with cgroup v1 allows no other).
+        "--cgroups=disabled",
+        "--network=host",
+        "--ipc=host",
+        f"-v {STATE_DIR}:{STATE_DIR}",
+        f"-v {SHM_CACHE_ROOT}:{SHM_CACHE_ROOT}",
+        "-v /etc/gemmaserve:/etc/gemmaserve:ro",
+        f"-v {LIB_DIR}:{LIB_DIR}:ro",
+    ]
+    if vendor == "google":
+        # vLLM's TPU containers need the chips (privileged) and the host's /dev/shm for the XLA cache (https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html).
+        return [*flags, "--privileged", "-v /dev/shm:/dev/shm"]
+    # The host's user database names the gemmaserve user inside the container, so its files on the
+    # host's volumes keep one owner in both engines.
+    confined = [
+        "--user=gemmaserve:gemmaserve",
+        "-v /etc/passwd:/etc/passwd:ro",
+        "-v /etc/group:/etc/group:ro",
+        "--cap-drop=all",
+        "--security-opt=no-new-privileges",
+        "--read-only",
+    ]
+    if vendor == "amd":
+        # ROCm's device nodes belong to the video and render groups (the rocm role makes gemmaserve a member
+        # of both, which the mounted /etc/group carries in); no seccomp filter for its kernel driver's
+        # ioctls (vLLM's ROCm docs).
+        return [*flags, *confined, "--group-add=video", "--security-opt=seccomp=unconfined"]
+    return [*flags, *confined]
+
+
+def serving_container_flags(serving: Plan) -> str:
+    """`podman run` flags of vllm@.service: the shared ones, plus a name, the replica's environment file,
+    an init that passes SIGTERM on to vLLM, and the HF token credential; each replica adds its devices."""
+    flags = ["--rm", "--name=vllm-%i", "--init", "--log-driver=passthrough", *container_flags(serving)]
+    flags.append(f"--env-file={container_env_path('%i')}")
+    if serving.spec.secret:
+        flags.append("-v ${CREDENTIALS_DIRECTORY}:/run/credentials/vllm@%i.service:ro")
+    return " ".join(flags)
+
+
 def argcheck_command(serving: Plan) -> str:
     """vLLM's own parser, from the same engine that will serve: the venv, or the pinned image."""
     if serving.engine.kind == "wheel":
         return f"{serving.engine.venv}/bin/python {ARGCHECK}"
-    return (
-        f"/usr/bin/docker run --rm --network=none -v {LIB_DIR}:{LIB_DIR}:ro -v /etc/gemmaserve:/etc/gemmaserve:ro "
-        f"--entrypoint python3 {serving.engine.image} {ARGCHECK}"
-    )
+    flags = " ".join(["--rm", *container_flags(serving)])
+    return f"{CONTAINER_RUNTIME} run {flags} --entrypoint=python3 {serving.engine.image} {ARGCHECK}"
 
 
-def docker_run_flags(serving: Plan) -> str:
-    """`docker run` flags around the pinned image: host network, devices, shared memory, mounts."""
-    vendor = serving.accelerator.vendor
-    flags = [
-        "--rm",
-        "--name vllm-%i",
-        "--network=host",
-        "--ipc=host",
-        "--env-file /etc/gemmaserve/replica-%i.env",
-        f"-v {STATE_DIR}:{STATE_DIR}",
-        "-v /dev/shm/gemmaserve:/dev/shm/gemmaserve",
-        "-v /etc/gemmaserve:/etc/gemmaserve:ro",
-    ]
-    if serving.spec.secret:
-        flags.append("-v ${CREDENTIALS_DIRECTORY}:/run/credentials/vllm@%i.service:ro")
-    if vendor == "nvidia":
-        flags.append("--gpus device=${CUDA_VISIBLE_DEVICES}")
-    elif vendor == "amd":
-        flags += ["--device=/dev/kfd", "--device=/dev/dri", "--group-add=video", "--security-opt=seccomp=unconfined"]
-    elif vendor == "google":
-        # vLLM's TPU containers need the chips (privileged) and the host's /dev/shm for the XLA cache (https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html).
-        flags += ["--privileged", "-v /dev/shm:/dev/shm"]
-    return " ".join(flags)
+def argcheck_user(serving: Plan) -> str:
+    """Who runs the check: the serving user for a venv; root for podman (vLLM inside is --user)."""
+    return "gemmaserve" if serving.engine.kind == "wheel" else "root"
 
 
 def device_nodes(serving: Plan) -> list[str]:
@@ -186,14 +238,17 @@ def driver_units(serving: Plan) -> dict[str, list[str]]:
 def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
     """Everything vllm@.service.j2 is rendered with."""
     fetch_unit = "gemmaserve-hf-token.service" if serving.spec.secret and serving.spec.secret.secret_manager else None
+    container = serving.engine.kind == "container"
+    shutdown = serving.spec.serving.shutdown_timeout
     return {
         "model": serving.model.hf_id,
         "vllm_executable": serving.engine.vllm_executable,
         "credential": serving.token_source_path,
         "fetch_unit": fetch_unit,
-        "container": serving.engine.kind == "container",
+        "container": container,
+        "runtime": CONTAINER_RUNTIME,
         "image": serving.engine.image,
-        "docker_flags": docker_run_flags(serving),
+        "container_flags": serving_container_flags(serving) if container else "",
         "devices": device_nodes(serving),
         "driver_units": driver_units(serving),
         # The GPUs are checked (ECC, row remaps, MIG, fabric state, driver match) before vLLM starts, with
@@ -203,6 +258,10 @@ def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
         # vfio_pin_pages_remote refuses past it); systemd's default is a few MiB.
         "memlock": "infinity" if serving.accelerator.vendor == "google" else None,
         "state_dir": STATE_DIR,
+        "haproxy_admin": HAPROXY_ADMIN,
+        "shutdown_timeout": shutdown,
+        # HAProxy's drain, then vLLM's own (each at most shutdown_timeout), then time to exit.
+        "stop_timeout": 2 * shutdown + 30,
         "nofile": settings.nofile,
         "timeout_start": settings.timeout_start,
         "stagger_checks": settings.stagger_checks,
@@ -218,6 +277,8 @@ def replicas(serving: Plan) -> None:
     settings = Settings.from_host(host)
     names = [r.unit for r in serving.replicas]
     dropins = {r.index: affinity_dropin_path(r.index) for r in serving.replicas}
+    container = serving.engine.kind == "container"
+    container_envs = {r.index: container_env_path(r.index) for r in serving.replicas} if container else {}
     now = HostState(
         host,
         paths=[
@@ -225,6 +286,7 @@ def replicas(serving: Plan) -> None:
             TARGET_PATH,
             READY,
             *(env_path(r.index) for r in serving.replicas),
+            *container_envs.values(),
             *dropins.values(),
             *(str(Path(p).parent) for p in dropins.values()),
         ],
@@ -236,11 +298,42 @@ def replicas(serving: Plan) -> None:
         content=program_source("replicas", "replica_ready.py"),
         current=now.path(READY),
     )
+    unit_text = render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, settings))
+    # First vLLM's own parser, inside the engine the new unit will run (the venv or the pinned image),
+    # for every replica whose flags or engine change: a rejected flag or an engine that cannot run at
+    # all stops the deploy here, before a unit, an environment or a running replica changes.
+    check, check_user = argcheck_command(serving), argcheck_user(serving)
+    engine = serving.engine.image if serving.engine.kind == "container" else serving.engine.venv
+    envs = {}
+    for replica in serving.replicas:
+        live, content = env_path(replica.index), render_env(serving, replica, host.data.get(STORAGE_EMULATOR_KEY))
+        env_owner(name=f"Fix the owner and mode of {live}", path=live, content=content, current=now.path(live))
+        envs[replica.index] = checked_env(
+            name=f"Check replica {replica.index}'s vLLM flags with vLLM's own parser, then install them",
+            path=live,
+            content=content,
+            check=check,
+            user=check_user,
+            replica=replica.index,
+            engine=engine,
+            unit_changes=not same_content(now.path(UNIT_PATH), unit_text),
+            current=now.path(live),
+        )
+    # Under podman, the plan's environment goes to the container alone.
+    container_env = {
+        replica.index: managed_file(
+            name=f"Install replica {replica.index}'s container environment",
+            dest=container_envs[replica.index],
+            content=render_container_env(replica, emulator_env(serving, host.data.get(STORAGE_EMULATOR_KEY))),
+            group="gemmaserve",
+            mode="0640",
+            current=now.path(container_envs[replica.index]),
+        )
+        for replica in serving.replicas
+        if container
+    }
     unit = managed_file(
-        name="Install the vllm@.service template",
-        dest=UNIT_PATH,
-        content=render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, settings)),
-        current=now.path(UNIT_PATH),
+        name="Install the vllm@.service template", dest=UNIT_PATH, content=unit_text, current=now.path(UNIT_PATH)
     )
     target = managed_file(
         name="Install gemmaserve.target",
@@ -258,24 +351,18 @@ def replicas(serving: Plan) -> None:
         running=None,
     )
     _remove_extra_replicas(serving)
-    check = argcheck_command(serving)
     for replica in serving.replicas:
-        live, content = env_path(replica.index), render_env(serving, replica, host.data.get(STORAGE_EMULATOR_KEY))
-        env_owner(name=f"Fix the owner and mode of {live}", path=live, content=content, current=now.path(live))
-        env = checked_env(
-            name=f"Check replica {replica.index}'s vLLM flags with vLLM's own parser, then install them",
-            path=live,
-            content=content,
-            check=check,
-            current=now.path(live),
-        )
-
         affinity = _affinity(
             replica, now.path(dropins[replica.index]), now.path(str(Path(dropins[replica.index]).parent))
         )
 
-        def changed(env=env, affinity=affinity) -> bool:
-            return unit.did_change() or env.did_change() or (affinity is not None and affinity.did_change())
+        def changed(env=envs[replica.index], other=container_env.get(replica.index), affinity=affinity) -> bool:
+            return (
+                unit.did_change()
+                or env.did_change()
+                or (other is not None and other.did_change())
+                or (affinity is not None and affinity.did_change())
+            )
 
         # Rolling restart: no new requests for this replica, its running ones finish, then it restarts;
         # the others keep serving (roles/router/files/haproxy_admin.py).
@@ -331,18 +418,27 @@ def env_owner(path: str, content: str, current: PathState):
 
 
 @operation()
-def checked_env(path: str, content: str, check: str, current: PathState):
+def checked_env(
+    path: str, content: str, check: str, user: str, replica: int, engine: str, unit_changes: bool, current: PathState
+):
     """Stage replica-N.env, check its argv with vLLM's own parser exactly as systemd will expand it
-    (systemd-run with the same EnvironmentFile and $VLLM_ARGS), and only then install it."""
-    if same_content(current, content):
+    (systemd-run with the same EnvironmentFile and $VLLM_ARGS), and only then install it. With the same
+    flags but a new unit (another image or venv), check them in the new engine all the same."""
+    if same_content(current, content) and not unit_changes:
         host.noop(f"{path} already holds the planned flags")
         return
-    pending = f"{path}.pending"
-    yield from files.put._inner(src=StringIO(content), dest=pending, user="root", group="gemmaserve", mode="0640")
-    # As the serving user, so whatever vLLM creates while importing (cache dirs) stays its own.
+    failed = f"replica {replica} (vllm@{replica}): vLLM in {engine} rejected its flags or could not run; the running replica was not touched"
+    staged = path if same_content(current, content) else f"{path}.pending"
+    if staged != path:
+        yield from files.put._inner(src=StringIO(content), dest=staged, user="root", group="gemmaserve", mode="0640")
+    # As the serving user (a venv) so whatever vLLM creates while importing stays its own; podman runs
+    # as root and starts vLLM as that user inside the image.
+    install = f" && mv {staged} {path}" if staged != path else ""
+    cleanup = f"rm -f {staged}; " if staged != path else ""
     yield (
-        f"systemd-run --wait --pipe --quiet --collect -p User=gemmaserve -p Group=gemmaserve "
-        f"-p EnvironmentFile={pending} {check} -- '$VLLM_ARGS' && mv {pending} {path}"
+        f"systemd-run --wait --pipe --quiet --collect -p User={user} -p Group={user} "
+        f"-p EnvironmentFile={staged} {check} -- '$VLLM_ARGS'{install} "
+        f"|| {{ {cleanup}echo {shlex.quote(failed)} >&2; exit 1; }}"
     )
 
 
@@ -367,6 +463,9 @@ def _remove_extra_replicas(serving: Plan) -> None:
             enabled=False,
         )
         files.file(name=f"Remove replica {index}'s environment", path=env_path(index), present=False)
+        files.file(
+            name=f"Remove replica {index}'s container environment", path=container_env_path(index), present=False
+        )
 
 
 def _wait_healthy(replica: ReplicaPlan, settings: Settings, _if) -> None:

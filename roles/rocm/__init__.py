@@ -9,7 +9,6 @@ from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
 from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import LinuxDistribution, Users
-from pyinfra.operations import apt
 
 from gemmaserve.plan import Plan
 from roles._lib.apt import APT_GET, install_packages, installed_version, upstream_version
@@ -191,9 +190,6 @@ def rocm(serving: Plan) -> None:
         deb=settings.installer_deb,
     )
     device_groups(name=f"Add {SERVICE_USER} to the render and video groups")
-    if serving.engine.kind == "container":
-        # Containers get CONTAINER_DEVICES and DEVICE_GROUPS passed through by the replica unit.
-        apt.packages(name="Install Docker", packages=["docker.io"], no_recommends=True)
     reboot_for_amdgpu(
         name="Reboot into the new amdgpu driver",
         dkms=dkms,

@@ -22,6 +22,8 @@ from roles._lib.settings import RoleSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
 CONFIG = "/etc/haproxy/haproxy.cfg"
+DROP_IN = "/etc/systemd/system/haproxy.service.d/gemmaserve.conf"
+DRAIN_UNIT = "gemmaserve-router-drain.service"
 
 
 class Settings(RoleSettings):
@@ -88,7 +90,20 @@ def haproxy_config(serving: Plan, settings: Settings, access: AccessPlan | None 
         replicas=serving.replicas,
         access=access,
         errors=error_bodies(access),
+        shutdown_timeout=serving.spec.serving.shutdown_timeout,
     )
+
+
+def stop_units(serving: Plan) -> dict[str, str]:
+    """The units that make a stop of HAProxy graceful and put it before the replicas' at shutdown."""
+    # HAProxy's soft stop is bounded by hard-stop-after; leave it time to exit.
+    stop_timeout = serving.spec.serving.shutdown_timeout + 30
+    return {
+        DROP_IN: render(TEMPLATES / "haproxy.service.d-gemmaserve.conf.j2", stop_timeout=stop_timeout),
+        f"/etc/systemd/system/{DRAIN_UNIT}": render(
+            TEMPLATES / "gemmaserve-router-drain.service.j2", stop_timeout=stop_timeout + 30
+        ),
+    }
 
 
 @deploy("Route with HAProxy", data_defaults=Settings.defaults())
@@ -96,7 +111,12 @@ def router(serving: Plan) -> None:
     settings = Settings.from_host(host)
     install_packages("Install HAProxy", ["haproxy"])
     staged_path = f"{CONFIG}.gemmaserve"
-    now = HostState(host, paths=[LIB_DIR, HAPROXY_ADMIN, staged_path], units=["haproxy.service"])
+    units = stop_units(serving)
+    now = HostState(
+        host,
+        paths=[LIB_DIR, HAPROXY_ADMIN, staged_path, *units, DROP_IN.rsplit("/", 1)[0]],
+        units=["haproxy.service", DRAIN_UNIT],
+    )
     managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
     managed_file(
         name="Install haproxy_admin.py",
@@ -119,3 +139,20 @@ def router(serving: Plan) -> None:
         name="Reload HAProxy", service="haproxy", running=True, enabled=True, reloaded=True, _if=staged.did_change
     )
     managed_service(name="Keep HAProxy running", service="haproxy.service", current=now.unit("haproxy.service"))
+    drop_in_dir = DROP_IN.rsplit("/", 1)[0]
+    managed_directory(
+        name="Create haproxy.service's drop-in directory", path=drop_in_dir, current=now.path(drop_in_dir)
+    )
+    changed = [
+        managed_file(name=f"Install {path.rsplit('/', 1)[1]}", dest=path, content=content, current=now.path(path))
+        for path, content in units.items()
+    ]
+    # Takes effect at HAProxy's next stop: no restart needed.
+    systemd.daemon_reload(
+        name="Reload systemd units (graceful HAProxy stops)", _if=lambda: any(c.did_change() for c in changed)
+    )
+    managed_service(
+        name=f"Enable {DRAIN_UNIT} (HAProxy stops before the replicas)",
+        service=DRAIN_UNIT,
+        current=now.unit(DRAIN_UNIT),
+    )

@@ -9,7 +9,6 @@ from pydantic import field_validator
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
 from pyinfra.facts.files import FileContents
-from pyinfra.operations import apt, systemd
 
 from gemmaserve.plan import Plan
 from roles._lib.settings import RoleSettings
@@ -82,6 +81,3 @@ def shm_size(size: str):
 def tpu(serving: Plan) -> None:
     size = Settings.from_host(host).shm_size  # a bad size fails here, before anything changes
     shm_size(name=f"Size /dev/shm to {size}", size=size)
-    if serving.engine.kind == "container":
-        apt.packages(name="Install Docker", packages=["docker.io"], no_recommends=True)
-        systemd.service(name="Run Docker", service="docker", running=True, enabled=True)

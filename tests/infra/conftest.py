@@ -42,6 +42,9 @@ class Registration:
     inputs: dict[str, Any]
     protect: bool
     secret_inputs: set[str]
+    urn: str = ""
+    dependencies: set[str] = field(default_factory=set)
+    custom_timeouts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,6 +109,7 @@ class CloudMocks(pulumi.runtime.Mocks):
             zone = inputs["zones"][0]
             state.update(
                 zone=zone,
+                provisioning_model=inputs["provisioning"],
                 state="ACTIVE",
                 internal_ip="10.42.0.5",
                 external_ip=None,
@@ -145,7 +149,19 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             raw = MessageToDict(request.object)
             secret_inputs = {k for k, v in raw.items() if isinstance(v, dict) and SECRET_SIG in v}
             inputs = pulumi.runtime.rpc.deserialize_properties(request.object)
-            self.run.resources.append(Registration(request.type, request.name, inputs, request.protect, secret_inputs))
+            timeouts = MessageToDict(request.customTimeouts) if request.HasField("customTimeouts") else {}
+            self.run.resources.append(
+                Registration(
+                    request.type,
+                    request.name,
+                    inputs,
+                    request.protect,
+                    secret_inputs,
+                    urn=response.urn,
+                    dependencies=set(request.dependencies),
+                    custom_timeouts=timeouts,
+                )
+            )
         return response
 
 
@@ -156,7 +172,11 @@ def stack_config(stack: str) -> dict[str, Any]:
 
 
 def run_program(
-    stack: str, config: dict[str, Any] | None = None, hf_token: str | None = HF_TOKEN, run: ProgramRun | None = None
+    stack: str,
+    config: dict[str, Any] | None = None,
+    hf_token: str | None = HF_TOKEN,
+    run: ProgramRun | None = None,
+    mocks: CloudMocks | None = None,
 ) -> ProgramRun:
     """Run infra/__main__.py for `stack` (config defaults to its Pulumi.<stack>.yaml) and resolve its exports.
 
@@ -164,7 +184,7 @@ def run_program(
     """
     config = stack_config(stack) if config is None else config
     run = ProgramRun() if run is None else run
-    mocks = CloudMocks()
+    mocks = mocks or CloudMocks()
     pulumi.runtime.set_mocks(
         mocks, project="gemmaserve", stack=stack, preview=False, monitor=RecordingMonitor(mocks, run)
     )

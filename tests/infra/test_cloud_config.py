@@ -121,3 +121,139 @@ def test_tpu_zones_may_span_regions():
     settings = settings_from_config(raw, {"project": PROJECT, "region": "us-east5"}, "x")
     assert settings.cloud.regions == ("us-east5", "europe-west4")
     assert settings.tpu_type.accelerator_type == "v6e-4"
+
+
+# --- issue 12, defect 11: what Google sells where --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (
+            spec_raw(
+                "tpu-v6e", 4, provisioning="flex-start", max_run_duration="1d", zones=["us-east5-b", "us-east5-a"]
+            ),
+            "cloud.zones = ['us-east5-b']: flex-start tpu-v6e is not sold there and every zone must sell it;"
+            " allowed: asia-northeast1-b, us-east5-a",
+        ),
+        (
+            spec_raw("tpu-v6e", 4, fallback_provisioning=["flex-start"], max_run_duration="1d", zones=["us-east1-d"]),
+            "flex-start tpu-v6e is not sold there and at least one zone must sell it",
+        ),
+        (
+            spec_raw("tpu-v7", 8, provisioning="flex-start", max_run_duration="1d", zones=["us-central1-a"]),
+            "allowed: none (no flex-start for tpu-v7)",
+        ),
+        (
+            spec_raw(
+                "rtx-pro-6000",
+                8,
+                model="31b",
+                provisioning="flex-start",
+                max_run_duration="1d",
+                boot_disk_type="hyperdisk-balanced",
+                weights_disk={"type": "hyperdisk-balanced"},
+                zones=["us-east5-b"],
+            ),
+            "cloud.provisioning = 'flex-start': g4-standard-384 (G4) is not sold as flex-start",
+        ),
+        (
+            spec_raw("rtx-pro-6000", 8, model="31b", zones=["us-east5-b"]),
+            "cloud.boot_disk_type = 'pd-balanced': G4 attaches Hyperdisk only; allowed: hyperdisk-balanced",
+        ),
+        (
+            spec_raw(
+                "rtx-pro-6000",
+                8,
+                model="31b",
+                boot_disk_type="hyperdisk-balanced",
+                zones=["us-east5-b"],
+                weights_disk={"type": "pd-ssd"},
+            ),
+            "cloud.weights_disk.type = 'pd-ssd': G4 attaches Hyperdisk only",
+        ),
+        (
+            spec_raw("a100-80gb", 1, zones=["us-east5-b"], fallback_provisioning=["spot"]),
+            "cloud.fallback_provisioning = ['spot']: a TPU queue fallback",
+        ),
+    ],
+)
+def test_defect_11_what_google_sells_where(raw, expected):
+    with pytest.raises(SpecError) as caught:
+        settings_from_config(raw, {"project": PROJECT, "region": "us-east5"}, "x")
+    assert expected in str(caught.value)
+
+
+def test_flex_start_fallback_is_asked_for_only_where_it_is_sold():
+    raw = spec_raw(
+        "tpu-v6e", 4, fallback_provisioning=["flex-start"], max_run_duration="1d", zones=["us-east5-b", "us-east5-a"]
+    )
+    settings = settings_from_config(raw, {"project": PROJECT, "region": "us-east5"}, "x")
+    assert settings.flex_start_zones == ("us-east5-a",)
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"fallback_provisioning": ["flex-start"]}, "cloud.max_run_duration = None: flex-start needs one"),
+        ({"fallback_provisioning": ["spot", "spot"]}, "a model is listed twice"),
+        ({"fallback_provisioning": ["reserved"]}, "cloud.reservation = None: provisioning 'reserved' needs"),
+        (
+            {"provisioning": "reserved", "reservation": "projects/p/locations/us-east1-d/reservations/pool"},
+            "with ZONE in cloud.zones",
+        ),
+        ({"create_wait": "soon"}, "cloud.create_wait = 'soon': not a duration"),
+        ({"fallback_provisioning": ["preemptible"]}, "cloud.fallback_provisioning.0 = 'preemptible'"),
+    ],
+)
+def test_chain_values_are_named(changes, expected):
+    with pytest.raises(SpecError) as caught:
+        parse_cloud({**OK, **changes})
+    assert expected in str(caught.value)
+
+
+def test_reserved_then_spot_then_flex_start_is_a_valid_chain():
+    cloud = parse_cloud(
+        {
+            "zones": ["us-east5-a", "us-east5-b"],
+            "provisioning": "reserved",
+            "reservation": "projects/p/locations/us-east5-a/reservations/pool",
+            "fallback_provisioning": ["spot", "flex-start"],
+            "max_run_duration": "7d",
+        }
+    )
+    assert cloud.provisioning_chain == ("reserved", "spot", "flex-start")
+
+
+# --- issue 12 x issue 15: a bucket name exists once, so only one stack may create it ---------------
+
+
+def _write_stack(directory, stack: str, weights: dict, cloud: dict) -> None:
+    import yaml
+
+    config = {f"gemmaserve:{k}": v for k, v in read_stack_config("gpu8", ROOT).items()}
+    config["gemmaserve:weights"] = weights
+    config["gemmaserve:cloud"] = {**config["gemmaserve:cloud"], **cloud}
+    (directory / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": config}))
+
+
+BUCKET_WEIGHTS = {"source": "bucket", "bucket": "gs://team-weights/gemma", "revision": "0" * 40}
+
+
+def test_two_stacks_creating_one_bucket_are_refused_naming_both(tmp_path):
+    _write_stack(tmp_path, "gpu8-eu", BUCKET_WEIGHTS, {})
+    _write_stack(tmp_path, "gpu8-us", {**BUCKET_WEIGHTS, "bucket": "gs://team-weights"}, {})
+    raw = read_stack_config("gpu8-us", tmp_path)
+    with pytest.raises(SpecError) as error:
+        settings_from_config(raw, {"project": PROJECT, "region": None}, "gpu8-us", project_dir=tmp_path)
+    assert "weights.bucket = gs://team-weights: stack(s) gpu8-eu create it too" in str(error.value)
+    assert "cloud.weights_bucket.create: false" in str(error.value)
+
+
+def test_one_stack_creates_the_bucket_the_others_use(tmp_path):
+    _write_stack(tmp_path, "gpu8-eu", BUCKET_WEIGHTS, {})
+    _write_stack(tmp_path, "gpu8-us", BUCKET_WEIGHTS, {"weights_bucket": {"create": False}})
+    _write_stack(tmp_path, "gpu8-hub", {"source": "hub"}, {})
+    for stack in ("gpu8-eu", "gpu8-us", "gpu8-hub"):
+        raw = read_stack_config(stack, tmp_path)
+        settings_from_config(raw, {"project": PROJECT, "region": None}, stack, project_dir=tmp_path)

@@ -3,22 +3,34 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
 
 from gemmaserve.plan import plan
-from gemmaserve.sources import load_stack_spec
+from gemmaserve.sources import load_stack_spec, stack_host_data, stack_prefix
 from gemmaserve.spec import SpecError
-from tests.infra.conftest import HF_TOKEN, PROJECT, ROOT, STACKS, ProgramRun, run_program, stack_config
+from tests.infra.conftest import (
+    HF_TOKEN,
+    PROJECT,
+    ROOT,
+    STACKS,
+    CloudMocks,
+    ProgramRun,
+    run_program,
+    stack_config,
+)
+from tests.infra.discovery import COMPUTE, Discovery
 
 INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
 QUEUED = "pulumi-python:dynamic:Resource"
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
-# The shared base every stack declares: network, identity, secret, image.
+# The shared base every stack declares: APIs, network, identity, secret, image.
 BASE = {
+    "gcp:projects/service:Service": 6,
     "gcp:compute/network:Network": 1,
     "gcp:compute/firewall:Firewall": 2,  # SSH from IAP, serving port from serving_port_cidrs
     "gcp:serviceaccount/account:Account": 1,
@@ -37,9 +49,10 @@ BASE = {
     "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": 1,
 }
 # Written out, not derived from the catalog: a wrong catalog entry or lookup must fail here.
+TPU_EXTRA = {"gcp:projects/service:Service": 1, "gcp:projects/serviceIdentity:ServiceIdentity": 1}
 EXPECTED = {
-    "tpu-v6e4": {"regions": 2, QUEUED: 1},
-    "tpu-v6e1": {"regions": 1, QUEUED: 1},
+    "tpu-v6e4": {"regions": 2, QUEUED: 1, **TPU_EXTRA},
+    "tpu-v6e1": {"regions": 1, QUEUED: 1, **TPU_EXTRA},
     "gpu8": {"regions": 1, INSTANCE: 1, "gcp:compute/disk:Disk": 1},
     "a100": {"regions": 1, INSTANCE: 1, "gcp:compute/disk:Disk": 1},
     "h100": {"regions": 1, INSTANCE: 1, "gcp:compute/disk:Disk": 1},
@@ -56,6 +69,7 @@ HOST_KEYS = {
     "ssh_user",
     "kind",
     "instance_type",
+    "provisioning",
     "accelerator",
     "router_port",
     "replicas",
@@ -70,7 +84,7 @@ def expected_counts(stack: str) -> Counter:
         "gcp:compute/router:Router": regions,
         "gcp:compute/routerNat:RouterNat": regions,
     }
-    return Counter({**BASE, **per_region, **extra})
+    return Counter(BASE) + Counter(per_region) + Counter(extra)
 
 
 def with_cloud(stack: str, **changes) -> dict:
@@ -273,19 +287,21 @@ def test_no_token_no_version():
 def test_api_key_secret_has_no_version_and_only_the_hosts_read_it(stack_runs, stack):
     """`gemmaserve keys add --stack` adds the versions: Pulumi owns the secret only, so nothing drifts."""
     run = stack_runs[stack]
-    secret = secret_named(run, f"{stack}-api-keys")
+    # The stack file says `api-keys`; the stack creates its own (issue 12: names are stack-scoped).
+    secret_id = f"{stack_prefix(stack)}-api-keys"
+    secret = secret_named(run, secret_id)
     assert not [v for v in run.of_type(VERSION) if "keys" in v.name]
-    accessor = next(a for a in run.of_type(ACCESSOR) if a.inputs["secretId"] == f"{stack}-api-keys")
+    accessor = next(a for a in run.of_type(ACCESSOR) if a.inputs["secretId"] == secret_id)
     assert accessor.inputs["role"] == "roles/secretmanager.secretAccessor"
     assert accessor.inputs["member"].startswith("serviceAccount:")
     assert secret.inputs["labels"]["stack"] == stack
-    assert run.outputs["api_key_secret"] == f"projects/123456/secrets/{stack}-api-keys"
+    assert run.outputs["api_key_secret"] == f"projects/123456/secrets/{secret_id}"
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_tls_secret_holds_the_hosts_certificate_as_a_secret(stack_runs, stack):
     run = stack_runs[stack]
-    secret_named(run, f"{stack}-tls")
+    secret_named(run, f"{stack_prefix(stack)}-tls")
     version = next(v for v in run.of_type(VERSION) if v.name.endswith("-tls-version"))
     assert version.secret_inputs == {"secretData"}
     # The bundle HAProxy reads: the host certificate, the CA, the host's private key.
@@ -310,7 +326,7 @@ def test_ca_certificate_is_exported_and_no_private_key_is(stack_runs, stack):
 def test_a_tls_secret_owned_elsewhere_gets_no_version():
     config = stack_config("a100")
     config["gemmaserve:serving"] = {
-        "api_keys": {"secret_manager": "a100-api-keys"},
+        "api_keys": {"secret_manager": "api-keys"},
         "tls": {"secret_manager": "projects/certs-project/secrets/serving-cert"},
     }
     run = run_program("a100", config)
@@ -431,6 +447,176 @@ def test_serving_image_build_is_pinned():
         "CHAT_TEMPLATE_SHA256": "afdbb2abe3667ccde95cc2f86919f05370339399bab5f750950a4390523b8927",
         "CHAT_TEMPLATE_PATH": "/etc/gemmaserve/tool_chat_template_gemma4.jinja",
     }
-    assert image["imageName"].startswith(f"us-central1-docker.pkg.dev/{PROJECT}/gemmaserve/vllm-gemma4:vllm-")
+    # The stack's own repository: two stacks in one region never share (or fight over) one.
+    assert image["imageName"].startswith(f"us-central1-docker.pkg.dev/{PROJECT}/gs-gpu8/vllm-gemma4:vllm-")
     assert "@sha256:" in run.outputs["serving_image"]
     assert "ya29.fake" not in json.dumps(run.outputs)
+
+
+# --- issue 12: a fresh project, several stacks in one project, flex-start VMs ---------------------
+
+SERVICE = "gcp:projects/service:Service"
+# The API each resource type is served by: the program must enable every one it uses.
+API_OF_TYPE = {
+    "gcp:compute/": "compute.googleapis.com",
+    "gcp:serviceaccount/": "iam.googleapis.com",
+    "gcp:projects/iAMMember": "cloudresourcemanager.googleapis.com",
+    "gcp:secretmanager/": "secretmanager.googleapis.com",
+    "gcp:artifactregistry/": "artifactregistry.googleapis.com",
+    "gcp:storage/": "storage.googleapis.com",
+    QUEUED: "tpu.googleapis.com",
+}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_defect_4_every_api_the_stack_uses_is_enabled_and_never_disabled_on_destroy(stack_runs, stack):
+    run = stack_runs[stack]
+    enabled = {s.inputs["service"]: s.inputs for s in run.of_type(SERVICE)}
+    used = {api for r in run.resources for prefix, api in API_OF_TYPE.items() if r.type.startswith(prefix)}
+    # IAP: hosts have no public IP and are reached with IAP TCP forwarding (the SSH firewall rule).
+    assert used | {"iap.googleapis.com"} <= set(enabled)
+    assert all(s["disableOnDestroy"] is False and s["project"] == PROJECT for s in enabled.values())
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_defect_4_nothing_races_the_api_enablement(stack_runs, stack):
+    run = stack_runs[stack]
+    services = {r.urn for r in run.of_type(SERVICE)}
+    assert services
+    first = {SERVICE, "gcp:projects/serviceIdentity:ServiceIdentity"}
+    for resource in run.resources:
+        if resource.type not in first:
+            assert services <= resource.dependencies, f"{resource.type} {resource.name} does not wait for the APIs"
+
+
+@pytest.mark.parametrize("stack", TPU_STACKS)
+def test_defect_4_the_tpu_service_agent_is_created_after_the_tpu_api(stack_runs, stack):
+    run = stack_runs[stack]
+    agent = run.one("gcp:projects/serviceIdentity:ServiceIdentity")
+    tpu_api = next(s for s in run.of_type(SERVICE) if s.inputs["service"] == "tpu.googleapis.com")
+    assert agent.inputs["service"] == "tpu.googleapis.com" and tpu_api.urn in agent.dependencies
+    # The serviceusage calls behind both take projects/P/services/S (Google's discovery documents).
+    for api, method, parameter in [("v1", "enable", "name"), ("v1beta1", "generateServiceIdentity", "parent")]:
+        pattern = Discovery("serviceusage", api).method(f"services.{method}")["parameters"][parameter]["pattern"]
+        assert re.match(pattern, f"projects/{PROJECT}/services/{agent.inputs['service']}")
+
+
+def test_defect_3_no_two_stacks_share_a_name_in_one_project(stack_runs):
+    def names(run: ProgramRun) -> set[tuple[str, str]]:
+        found = {("secret", r.inputs["secretId"]) for r in run.of_type("gcp:secretmanager/secret:Secret")}
+        found |= {
+            ("repository", f"{r.inputs['location']}/{r.inputs['repositoryId']}")
+            for r in run.of_type("gcp:artifactregistry/repository:Repository")
+        }
+        found |= {("account", r.inputs["accountId"]) for r in run.of_type("gcp:serviceaccount/account:Account")}
+        found |= {("queued resource", r.inputs["queued_resource_id"]) for r in run.of_type(QUEUED)}
+        found |= {("bucket", r.inputs["name"]) for r in run.of_type("gcp:storage/bucket:Bucket")}
+        return found
+
+    seen: dict[tuple[str, str], str] = {}
+    for stack in STACKS:
+        for name in names(stack_runs[stack]):
+            assert name not in seen, f"{name} is declared by both {seen[name]} and {stack}"
+            seen[name] = stack
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize(
+    "resource, path",
+    [
+        ("hf-secret", ("gemmaserve_secret",)),
+        ("access-keys", ("gemmaserve_serving", "api_keys")),
+        ("access-tls", ("gemmaserve_serving", "tls")),
+    ],
+)
+def test_defect_3_hosts_fetch_the_secrets_their_stack_created(stack_runs, stack, resource, path):
+    """The HF token (issue 12), the API keys and the TLS certificate (issue 17): every stack file names
+    them alike (hf-token, api-keys, tls); each stack creates its own and its hosts fetch that one."""
+    created = next(
+        r.inputs["secretId"]
+        for r in stack_runs[stack].of_type("gcp:secretmanager/secret:Secret")
+        if r.name == f"{stack_prefix(stack)}-{resource}"
+    )
+    host_value = stack_host_data(stack, ROOT)
+    for key in path:
+        host_value = host_value[key]
+    assert created == host_value["secret_manager"] and created.startswith(stack_prefix(stack) + "-")
+
+
+def test_a_secret_owned_elsewhere_is_used_as_given():
+    config = stack_config("a100")
+    config["gemmaserve:secret"] = {"secret_manager": "projects/shared-secrets/secrets/hf-token"}
+    run = run_program("a100", config)
+    assert not [r for r in run.of_type("gcp:secretmanager/secret:Secret") if r.inputs["secretId"].endswith("hf-token")]
+    accessor = next(
+        r for r in run.of_type("gcp:secretmanager/secretIamMember:SecretIamMember") if r.name.endswith("-hf-accessor")
+    )
+    assert accessor.inputs["secretId"] == "hf-token" and accessor.inputs["project"] == "shared-secrets"
+
+
+def test_defect_9_flex_start_vm_create_outlasts_the_queue(stack_runs):
+    h100 = stack_runs["h100"].one(INSTANCE)
+    minutes = int(re.fullmatch(r"(\d+)m", h100.custom_timeouts["create"])[1])
+    assert minutes >= 120  # Dynamic Workload Scheduler holds a flex-start request up to 2 h
+    assert not stack_runs["gpu8"].one(INSTANCE).custom_timeouts
+
+
+@pytest.mark.parametrize("stack", GPU_STACKS)
+def test_gpu_scheduling_is_a_valid_compute_v1_scheduling(stack_runs, stack):
+    scheduling = dict(stack_runs[stack].one(INSTANCE).inputs["scheduling"])
+    if "maxRunDuration" in scheduling:  # pulumi-gcp takes an int; the REST API an int64 string
+        seconds = scheduling["maxRunDuration"]["seconds"]  # Pulumi's wire format carries numbers as doubles
+        assert seconds == int(seconds)
+        scheduling["maxRunDuration"] = {"seconds": str(int(seconds))}
+    COMPUTE.assert_request("Scheduling", scheduling)
+
+
+def test_the_compute_scheduling_check_can_fail():
+    errors = COMPUTE.request_errors(
+        "Scheduling", {"provisioningModel": "FLEX-START", "instanceTerminationAction": "KILL"}
+    )
+    assert len(errors) == 2
+
+
+def test_tpu_slice_gets_the_chain_and_its_bounds(stack_runs):
+    props = stack_runs["tpu-v6e4"].one(QUEUED).inputs
+    assert props["fallback_provisioning"] == [] and props["create_wait_seconds"] == 600
+    assert props["flex_start_zones"] == ["us-east5-a"]
+
+
+def test_tpu_fallback_chain_from_config():
+    config = stack_config("tpu-v6e4")
+    config["gemmaserve:cloud"] = {
+        **config["gemmaserve:cloud"],
+        "fallback_provisioning": ["spot", "flex-start"],
+        "max_run_duration": "3d",
+        "create_wait": "2m",
+    }
+    props = run_program("tpu-v6e4", config).one(QUEUED).inputs
+    assert (props["provisioning"], props["fallback_provisioning"]) == ("guaranteed", ["spot", "flex-start"])
+    assert (props["max_run_seconds"], props["create_wait_seconds"]) == (3 * 86400, 120)
+
+
+@pytest.mark.parametrize("stack, provisioning", [("tpu-v6e1", "spot"), ("h100", "flex-start"), ("gpu8", "standard")])
+def test_hosts_say_how_they_were_bought(stack_runs, stack, provisioning):
+    assert stack_runs[stack].outputs["hosts"][0]["provisioning"] == provisioning
+
+
+class QueuedTpuMocks(CloudMocks):
+    """The queued resource as the provider returns it after its bounded wait: still WAITING, no node yet."""
+
+    def new_resource(self, args):
+        resource_id, state = super().new_resource(args)
+        if args.typ == QUEUED:
+            state.update(state="WAITING_FOR_RESOURCES", internal_ip=None, external_ip=None)
+        return resource_id, state
+
+
+@pytest.mark.parametrize("stack", TPU_STACKS)
+def test_defect_2_a_slice_still_queued_after_up_declares_the_rest_without_its_address(stack):
+    """`pulumi up` returns with the request WAITING (issue 12): the TLS certificate (issue 17) must not be
+    asked for a null IP, the endpoint is not `https://None`, and the host record says it has no address."""
+    run = run_program(stack, mocks=QueuedTpuMocks())
+    assert run.outputs["hosts"][0]["internal_ip"] is None
+    assert run.one("tls:index/certRequest:CertRequest").inputs.get("ipAddresses", []) == []
+    assert run.outputs["endpoint"] is None

@@ -1,110 +1,139 @@
-"""The TPU queued-resource provider against a fake client replaying v2alpha1 payloads: requests and states."""
+"""The TPU queued-resource provider against the stateful fake TPU API (tests/infra/fake_tpu.py).
+
+Requests are judged by Google's discovery document; the lifecycle (create, read, diff, update, delete)
+is driven through every state the API documents. Tests named after a defect of issue 12 failed on
+the provider before the fix.
+"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from google.cloud import tpu_v2alpha1
 from tpu_queued_resource import (
     ApiError,
     QueuedResourceFailed,
     QueuedResourceProvider,
     build_request,
-    is_capacity_error,
+    candidates,
 )
 
 from tests.infra.conftest import INFRA
+from tests.infra.discovery import TPU
+from tests.infra.fake_tpu import EPOCH, FakeTpu, Zone, recorded, recorded_error, rfc3339
 
-PAYLOADS = Path(__file__).parent / "tpu_payloads"
 PROJECT = "gemmaserve-test"
 ZONES = ["us-east5-b", "us-east5-a", "us-east1-d"]
+QR_ID = "gs-tpu-v6e4-tpu-qr"
+HOUR = 3600
 
 
-def payload(name: str, zone: str) -> dict:
-    return json.loads((PAYLOADS / f"{name}.json").read_text().replace("{zone}", zone))
-
-
-def api_error(name: str, zone: str) -> ApiError:
-    error = payload(name, zone)["error"]
-    return ApiError(error["code"], error["status"], error["message"])
-
-
-class ReplayTpuApi:
-    """Answers like the TPU API: per zone, a create error or a sequence of queued-resource states."""
-
-    def __init__(self, states: dict[str, list[str]], create_errors: dict[str, str] | None = None):
-        self.states = {zone: list(seq) for zone, seq in states.items()}
-        self.create_errors = create_errors or {}
-        self.calls: list[tuple] = []
-        self.deleted: list[str] = []
-
-    @staticmethod
-    def _zone(name: str) -> str:
-        return name.split("/")[3]
-
-    def create_queued_resource(self, parent: str, queued_resource_id: str, body: dict) -> None:
-        zone = parent.split("/")[-1]
-        self.calls.append(("create", zone, queued_resource_id, body))
-        if zone in self.create_errors:
-            raise api_error(self.create_errors[zone], zone)
-
-    def get_queued_resource(self, name: str) -> dict:
-        zone = self._zone(name)
-        self.calls.append(("get", zone))
-        if name in self.deleted or zone not in self.states:
-            raise api_error("error_not_found", zone)
-        sequence = self.states[zone]
-        return payload(sequence.pop(0) if len(sequence) > 1 else sequence[0], zone)
-
-    def delete_queued_resource(self, name: str) -> None:
-        self.calls.append(("delete", self._zone(name)))
-        self.deleted.append(name)
-
-    def get_node(self, name: str) -> dict:
-        return payload("node_ready", self._zone(name))
+def qr_name(zone: str) -> str:
+    return f"projects/{PROJECT}/locations/{zone}/queuedResources/{QR_ID}"
 
 
 def props(**changes) -> dict:
     base = {
         "project": PROJECT,
         "zones": ZONES,
-        "queued_resource_id": "gs-tpu-v6e4-tpu-qr",
+        "queued_resource_id": QR_ID,
         "node_id": "gs-tpu-v6e4-tpu-qr-node",
         "accelerator_type": "v6e-4",
         "runtime_version": "v2-alpha-tpuv6e",
         "provisioning": "guaranteed",
+        "fallback_provisioning": [],
+        "reservation": None,
+        "max_run_seconds": None,
+        "valid_until_seconds": 6 * HOUR,
+        "valid_after": None,
         "network": f"projects/{PROJECT}/global/networks/vpc",
         "subnetworks": {
             "us-east5": f"projects/{PROJECT}/regions/us-east5/subnetworks/a",
             "us-east1": f"projects/{PROJECT}/regions/us-east1/subnetworks/b",
+            "asia-northeast1": f"projects/{PROJECT}/regions/asia-northeast1/subnetworks/c",
         },
         "service_account": f"hosts@{PROJECT}.iam.gserviceaccount.com",
         "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
         "labels": {"app": "gemmaserve"},
         "tags": ["gemmaserve-host"],
+        "metadata": {},
         "enable_external_ips": False,
-        "valid_until_seconds": 21600,
+        "create_wait_seconds": 600,
+        "recycle_before_seconds": 1800,
         "wait_timeout_seconds": 3600,
     }
     return {**base, **changes}
 
 
-def provider(api: ReplayTpuApi, messages: list[str] | None = None, clock=None) -> QueuedResourceProvider:
-    kwargs = {"clock": clock} if clock else {}
+def provider(fake: FakeTpu, messages: list[str] | None = None, poll: float = 30) -> QueuedResourceProvider:
     return QueuedResourceProvider(
-        api_factory=lambda: api,
-        poll_seconds=0,
-        sleep=lambda _: None,
+        api_factory=lambda: fake,
+        poll_seconds=poll,
+        sleep=fake.clock.sleep,
+        clock=fake.clock,
         progress=(messages.append if messages is not None else lambda _: None),
-        **kwargs,
     )
 
 
-# --- request building ---------------------------------------------------------------------------
+def capacity(fake: FakeTpu, zone: str, at: float = EPOCH, **zone_args) -> None:
+    fake.zones[zone] = Zone(capacity_at=at, **zone_args)
+
+
+def active(fake: FakeTpu, p: dict | None = None):
+    """A slice ACTIVE in the first zone: (provider, create result)."""
+    capacity(fake, ZONES[0])
+    result = provider(fake).create(p or props())
+    assert result.outs["state"] == "ACTIVE", result.outs["state"]
+    return result
+
+
+# --- request bodies, judged by Google's discovery document ----------------------------------------
+
+VARIANTS = {
+    "standard": {},
+    "spot": {},
+    "guaranteed": {},
+    "reserved": {"reservation": "v6e-pool"},
+    "flex-start": {"max_run_seconds": 7 * 86400},
+}
+
+
+@pytest.mark.parametrize("provisioning", list(VARIANTS))
+@pytest.mark.parametrize(
+    "queue",
+    [
+        {},
+        {"valid_until_seconds": None},
+        {"valid_until_seconds": None, "valid_after": "2026-02-01T08:00:00+00:00"},
+        {"valid_until_seconds": 7200, "valid_after": "2026-02-01T08:00:00Z"},
+    ],
+)
+def test_every_request_body_is_a_valid_v2alpha1_queued_resource(provisioning, queue):
+    body = build_request(props(provisioning=provisioning, **VARIANTS[provisioning], **queue), "us-east5-a")
+    TPU.assert_request("QueuedResource", body)
+
+
+def test_the_discovery_checker_can_fail():
+    body = build_request(props(), "us-east5-a")
+    bad = json.loads(json.dumps(body))
+    bad["tpu"]["nodeSpec"][0]["node"]["acceleratorTyp"] = "v6e-4"
+    bad["provisioningModel"] = "FLEX-START"
+    bad["queueingPolicy"]["validUntilDuration"] = "6h"
+    bad["state"] = {"state": "ACTIVE"}
+    bad["tpu"]["nodeSpec"][0]["node"]["networkConfig"]["enableExternalIps"] = "no"
+    del bad["tpu"]["nodeSpec"][0]["node"]["runtimeVersion"]
+    errors = "\n".join(TPU.request_errors("QueuedResource", bad))
+    for fragment in (
+        "acceleratorTyp: unknown field",
+        "'FLEX-START' not in enum",
+        "'6h' is not a google-duration",
+        "state: output only",
+        "'no' is not a boolean",
+        "runtimeVersion: required",
+    ):
+        assert fragment in errors
 
 
 @pytest.mark.parametrize(
@@ -130,32 +159,20 @@ def provider(api: ReplayTpuApi, messages: list[str] | None = None, clock=None) -
 )
 def test_request_tier_for_each_provisioning_model(provisioning, extra, tier):
     body = build_request(props(provisioning=provisioning, **extra), "us-east5-a")
-    tiers = {
-        k: v
-        for k, v in body.items()
-        if k in ("spot", "guaranteed", "bestEffort", "reservationName", "provisioningModel", "runDuration")
-    }
-    assert tiers == tier
+    keys = ("spot", "guaranteed", "bestEffort", "reservationName", "provisioningModel", "runDuration")
+    assert {k: v for k, v in body.items() if k in keys} == tier
 
 
-def test_request_node_defaults():
-    body = build_request(props(), "us-east1-d")
-    spec = body["tpu"]["nodeSpec"][0]
-    assert spec["parent"] == f"projects/{PROJECT}/locations/us-east1-d"
-    assert spec["nodeId"] == "gs-tpu-v6e4-tpu-qr-node"
-    node = spec["node"]
-    assert (node["acceleratorType"], node["runtimeVersion"]) == ("v6e-4", "v2-alpha-tpuv6e")
-    # The zone's own region's subnet; no public IPs.
+def test_request_node_in_the_zones_region():
+    node_spec = build_request(props(), "us-east1-d")["tpu"]["nodeSpec"][0]
+    assert node_spec["parent"] == f"projects/{PROJECT}/locations/us-east1-d"
+    node = node_spec["node"]
     assert node["networkConfig"] == {
         "network": f"projects/{PROJECT}/global/networks/vpc",
         "subnetwork": f"projects/{PROJECT}/regions/us-east1/subnetworks/b",
         "enableExternalIps": False,
     }
-    assert node["serviceAccount"] == {
-        "email": f"hosts@{PROJECT}.iam.gserviceaccount.com",
-        "scope": ["https://www.googleapis.com/auth/cloud-platform"],
-    }
-    assert node["labels"] == {"app": "gemmaserve"} and node["tags"] == ["gemmaserve-host"]
+    assert node["serviceAccount"]["scope"] == ["https://www.googleapis.com/auth/cloud-platform"]
 
 
 @pytest.mark.parametrize(
@@ -176,147 +193,415 @@ def test_queueing_policy(changes, policy):
     assert build_request(props(**changes), "us-east5-b")["queueingPolicy"] == policy
 
 
-@pytest.mark.parametrize(
-    "provisioning, extra", [("standard", {}), ("spot", {}), ("guaranteed", {}), ("reserved", {"reservation": "pool"})]
-)
-def test_request_is_a_valid_v2alpha1_queued_resource(provisioning, extra):
-    # Unknown or misspelled field names raise here: the request matches the official client's schema.
-    body = build_request(props(provisioning=provisioning, valid_after="2026-02-01T08:00:00Z", **extra), "us-east5-b")
-    message = tpu_v2alpha1.QueuedResource.from_json(json.dumps(body))
-    node = message.tpu.node_spec[0].node
-    assert node.accelerator_type == "v6e-4" and node.network_config.enable_external_ips is False
+@pytest.mark.parametrize("name", ["waiting_for_resources", "provisioning", "active", "suspended", "failed_capacity"])
+def test_recorded_payloads_match_the_discovery_document(name):
+    TPU.assert_response("QueuedResource", recorded(name, "us-east5-b"))
 
 
-def test_flex_start_fields_are_newer_than_the_installed_proto():
-    # Why GoogleTpuApi sends flex-start over REST: the proto would reject (not silently drop) them.
-    body = build_request(props(provisioning="flex-start", max_run_seconds=3600), "us-east5-b")
-    from google.protobuf.json_format import ParseError
-
-    with pytest.raises(ParseError):
-        tpu_v2alpha1.QueuedResource.from_json(json.dumps(body))
+def test_recorded_node_matches_the_discovery_document():
+    TPU.assert_response("Node", recorded("node_ready", "us-east5-b"))
 
 
-@pytest.mark.parametrize("name", [p.stem for p in PAYLOADS.glob("*.json") if not p.stem.startswith(("error", "node"))])
-def test_recorded_payloads_match_the_v2alpha1_schema(name):
-    tpu_v2alpha1.QueuedResource.from_json(json.dumps(payload(name, "us-east5-b")))
+# --- the fallback chain ---------------------------------------------------------------------------
 
 
-def test_node_payload_matches_the_v2alpha1_schema():
-    tpu_v2alpha1.Node.from_json(json.dumps(payload("node_ready", "us-east5-b")))
+def test_chain_tries_zones_then_provisioning_models():
+    chain = candidates(props(provisioning="reserved", reservation="pool", fallback_provisioning=["spot", "flex-start"]))
+    assert [(c.zone, c.provisioning) for c in chain] == [
+        (z, p) for p in ("reserved", "spot", "flex-start") for z in ZONES
+    ]
 
 
-# --- states ---------------------------------------------------------------------------------------
+def test_defect_8_full_path_reservation_is_used_only_in_its_zone():
+    reservation = f"projects/{PROJECT}/locations/us-east5-a/reservations/pool"
+    p = props(provisioning="reserved", reservation=reservation, fallback_provisioning=["spot"])
+    fake = FakeTpu()
+    fake.zones["us-east5-a"] = Zone(refuse_create=recorded_error("error_resource_exhausted", "us-east5-a"))
+    capacity(fake, "us-east5-b")
+    result = provider(fake).create(p)
+    creates = [c[2] for c in fake.calls if c[0] == "create"]
+    # Reserved only where the reservation lives; every other attempt is spot, with no reservation.
+    assert [c["tpu"]["nodeSpec"][0]["parent"].rsplit("/", 1)[1] for c in creates] == ["us-east5-a", "us-east5-b"]
+    assert creates[0]["reservationName"] == reservation
+    assert "reservationName" not in creates[1] and creates[1]["spot"] == {}
+    assert (result.outs["zone"], result.outs["provisioning_model"]) == ("us-east5-b", "spot")
 
 
-def test_waits_for_active_and_reports_progress():
-    api = ReplayTpuApi({"us-east5-b": ["waiting_for_resources", "waiting_for_resources", "provisioning", "active"]})
+# --- create ---------------------------------------------------------------------------------------
+
+
+def test_states_waiting_provisioning_active_with_progress():
+    fake = FakeTpu()
+    capacity(fake, ZONES[0], at=EPOCH + 300)
     messages: list[str] = []
-    result = provider(api, messages).create(props())
-    assert result.id == f"projects/{PROJECT}/locations/us-east5-b/queuedResources/gs-tpu-v6e4-tpu-qr"
-    assert (result.outs["zone"], result.outs["state"], result.outs["internal_ip"]) == (
-        "us-east5-b",
-        "ACTIVE",
-        "10.42.0.7",
-    )
-    assert result.outs["external_ip"] is None
-    states = [m.split(": ")[1].split(" after")[0] for m in messages if " after " in m]
-    assert states == ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]
-    assert [c for c in api.calls if c[0] == "delete"] == []
+    result = provider(fake, messages).create(props())
+    assert (result.outs["zone"], result.outs["state"], result.outs["internal_ip"]) == (ZONES[0], "ACTIVE", "10.42.0.7")
+    seen = [m.split(": ", 1)[1].split(" ")[0] for m in messages if " after " in m]
+    assert seen == ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]
 
 
-@pytest.mark.parametrize(
-    "state_payload, state, reason",
-    [
-        ("failed_quota", "FAILED", "Quota limit 'TPUV6EPerProjectPerZoneForTPUAPI' has been exceeded"),
-        ("suspended", "SUSPENDED", "initiated by SERVICE"),
-    ],
-)
-def test_failed_or_suspended_fails_with_state_and_reason_and_is_deleted(state_payload, state, reason):
-    api = ReplayTpuApi({"us-east5-b": ["waiting_for_resources", state_payload]})
-    with pytest.raises(QueuedResourceFailed) as caught:
-        provider(api).create(props())
-    assert caught.value.state == state
-    assert state in str(caught.value) and reason in str(caught.value)
-    assert api.deleted == [f"projects/{PROJECT}/locations/us-east5-b/queuedResources/gs-tpu-v6e4-tpu-qr"]
-    # A non-capacity failure is not retried in the next zone.
-    assert [c[1] for c in api.calls if c[0] == "create"] == ["us-east5-b"]
-
-
-def test_zone_fallback_when_create_says_no_capacity():
-    api = ReplayTpuApi(
-        {"us-east5-a": ["provisioning", "active"]}, create_errors={"us-east5-b": "error_resource_exhausted"}
-    )
+def test_accepted_is_a_waiting_state():
+    # Older API revisions report ACCEPTED before WAITING_FOR_RESOURCES (cloud.google.com/tpu/docs/queued-resources).
+    fake = FakeTpu()
+    capacity(fake, ZONES[0], at=EPOCH + 120, accepted_for=60)
     messages: list[str] = []
-    result = provider(api, messages).create(props())
-    assert result.outs["zone"] == "us-east5-a"
-    assert [c[1] for c in api.calls if c[0] == "create"] == ["us-east5-b", "us-east5-a"]
-    assert any("no capacity in us-east5-b" in m for m in messages)
-    # The second zone's request uses that zone's parent.
-    assert api.calls[1][3]["tpu"]["nodeSpec"][0]["parent"].endswith("/us-east5-a")
+    result = provider(fake, messages).create(props())
+    assert result.outs["state"] == "ACTIVE"
+    assert any("ACCEPTED" in m for m in messages)
 
 
-def test_zone_fallback_when_the_queue_fails_for_capacity_deletes_first():
-    api = ReplayTpuApi({"us-east5-b": ["waiting_for_resources", "failed_capacity"], "us-east5-a": ["active"]})
-    result = provider(api).create(props())
-    assert result.outs["zone"] == "us-east5-a"
-    assert api.deleted == [f"projects/{PROJECT}/locations/us-east5-b/queuedResources/gs-tpu-v6e4-tpu-qr"]
-    order = [c[:2] for c in api.calls if c[0] in ("create", "delete")]
-    assert order == [("create", "us-east5-b"), ("delete", "us-east5-b"), ("create", "us-east5-a")]
+def test_defect_2_create_returns_within_the_bounded_wait_with_the_state():
+    fake = FakeTpu()  # no zone has capacity: the request waits in the queue
+    started = fake.clock()
+    result = provider(fake).create(props(create_wait_seconds=600))
+    assert fake.clock() - started <= 600 + 30
+    assert result.outs["state"] == "WAITING_FOR_RESOURCES"
+    assert result.outs["internal_ip"] is None
+    # Still queued: nothing deleted, one request only.
+    assert [r.state for r in fake.live()] == ["WAITING_FOR_RESOURCES"]
+    assert fake.created_in() == [ZONES[0]]
 
 
-def test_no_capacity_anywhere_names_every_zone():
-    api = ReplayTpuApi({}, create_errors={z: "error_resource_exhausted" for z in ZONES})
+def test_defect_2_create_adopts_a_request_an_interrupted_run_left_behind():
+    fake = FakeTpu()
+    capacity(fake, ZONES[1], at=EPOCH + 60)
+    # An earlier `up` queued in the second zone, then was interrupted before Pulumi recorded it.
+    fake.create_queued_resource(f"projects/{PROJECT}/locations/{ZONES[1]}", QR_ID, build_request(props(), ZONES[1]))
+    result = provider(fake).create(props())
+    assert fake.created_in() == [ZONES[1]]  # no second request anywhere
+    assert result.id == QR_ID and result.outs["zone"] == ZONES[1] and result.outs["state"] == "ACTIVE"
+
+
+def test_create_replaces_a_dead_leftover_instead_of_adopting_it():
+    fake = FakeTpu()
+    fake.zones[ZONES[0]] = Zone(fail_after=60)
+    fake.create_queued_resource(f"projects/{PROJECT}/locations/{ZONES[0]}", QR_ID, build_request(props(), ZONES[0]))
+    fake.clock.advance(120)
+    capacity(fake, ZONES[1])
+    result = provider(fake).create(props())
+    assert result.outs["state"] == "ACTIVE" and result.outs["zone"] == ZONES[1]
+    assert [c[1] for c in fake.calls if c[0] == "delete"] == [qr_name(ZONES[0])]
+
+
+def test_create_never_orphans_a_request_it_made():
+    fake = FakeTpu()
+    create = fake.create_queued_resource
+
+    def create_then_flaky(*args):
+        create(*args)
+        fake.flaky_gets = 100  # every read after the create fails
+
+    fake.create_queued_resource = create_then_flaky
+    result = provider(fake).create(props())
+    # The request exists, so the resource must exist in Pulumi's state too, with what is known.
+    assert result.id == QR_ID and result.outs["state"] == "UNKNOWN"
+    assert result.outs["zone"] == ZONES[0]
+
+
+def test_create_time_capacity_refusal_moves_to_the_next_zone():
+    fake = FakeTpu()
+    fake.zones[ZONES[0]] = Zone(refuse_create=recorded_error("error_resource_exhausted", ZONES[0]))
+    capacity(fake, ZONES[1])
+    messages: list[str] = []
+    result = provider(fake, messages).create(props())
+    assert result.outs["zone"] == ZONES[1]
+    assert fake.created_in() == ZONES[:2]
+    assert any(f"no capacity in {ZONES[0]}" in m for m in messages)
+
+
+def test_other_refusals_fail_at_once_and_create_nothing():
+    fake = FakeTpu()
+    fake.zones[ZONES[0]] = Zone(refuse_create=recorded_error("error_permission_denied", ZONES[0]))
+    with pytest.raises(QueuedResourceFailed, match="PERMISSION_DENIED"):
+        provider(fake).create(props())
+    assert fake.created_in() == [ZONES[0]] and fake.live() == []
+
+
+def test_refused_everywhere_names_every_attempt():
+    fake = FakeTpu()
+    for zone in ZONES:
+        fake.zones[zone] = Zone(refuse_create=recorded_error("error_resource_exhausted", zone))
     with pytest.raises(QueuedResourceFailed) as caught:
-        provider(api).create(props())
+        provider(fake).create(props())
     assert all(zone in str(caught.value) for zone in ZONES)
 
 
-def test_other_errors_do_not_fall_back():
-    api = ReplayTpuApi({"us-east5-a": ["active"]}, create_errors={"us-east5-b": "error_permission_denied"})
-    with pytest.raises(QueuedResourceFailed, match="PERMISSION_DENIED"):
-        provider(api).create(props())
-    assert [c[1] for c in api.calls if c[0] == "create"] == ["us-east5-b"]
+def test_defect_8_any_failure_in_the_queue_moves_on_not_only_capacity_messages():
+    fake = FakeTpu()
+    fake.zones[ZONES[0]] = Zone(fail_after=60, failure="failed_quota")  # a quota message, no "capacity"
+    capacity(fake, ZONES[1])
+    result = provider(fake).create(props())
+    assert (result.outs["zone"], result.outs["state"]) == (ZONES[1], "ACTIVE")
+    assert [c[1] for c in fake.calls if c[0] == "delete"] == [qr_name(ZONES[0])]
 
 
-def test_timeout_fails_and_deletes():
-    ticks = iter(range(0, 100000, 1000))
-    api = ReplayTpuApi({"us-east5-b": ["waiting_for_resources"]})
-    with pytest.raises(QueuedResourceFailed, match="not ACTIVE within 3600 s"):
-        provider(api, clock=lambda: next(ticks)).create(props())
-    assert len(api.deleted) == 1
+def test_defect_5_valid_after_in_the_future_stays_queued_until_then():
+    fake = FakeTpu()
+    tomorrow = EPOCH + 86400
+    capacity(fake, ZONES[0], at=EPOCH)
+    p = props(valid_after=rfc3339(tomorrow), valid_until_seconds=6 * HOUR)
+    result = provider(fake).create(p)
+    assert result.outs["state"] == "WAITING_FOR_RESOURCES"
+    assert fake.live()[0].state == "WAITING_FOR_RESOURCES"  # not timed out, not deleted
+    fake.clock.now = tomorrow + 600
+    read = provider(fake).read(result.id, result.outs)
+    assert read.outs["state"] == "ACTIVE" and read.outs["internal_ip"]
 
 
-def test_capacity_classification():
-    assert is_capacity_error("RESOURCE_EXHAUSTED", "")
-    assert is_capacity_error("FAILED", payload("failed_capacity", "z")["state"]["failedData"]["error"]["message"])
-    assert not is_capacity_error("PERMISSION_DENIED", "Permission 'tpu.queuedResources.create' denied")
+# --- read, diff and update: the state Pulumi keeps is the real one --------------------------------
 
 
-def test_read_reports_state_and_gone():
-    api = ReplayTpuApi({"us-east5-b": ["suspended"]})
-    name = f"projects/{PROJECT}/locations/us-east5-b/queuedResources/gs-tpu-v6e4-tpu-qr"
-    assert provider(api).read(name, props()).outs["state"] == "SUSPENDED"
-    gone = f"projects/{PROJECT}/locations/us-east1-d/queuedResources/gs-tpu-v6e4-tpu-qr"
-    assert provider(api).read(gone, props()).id == ""
+def test_read_reports_the_real_state_and_address():
+    fake = FakeTpu()
+    capacity(fake, ZONES[0], at=EPOCH + 3 * HOUR)
+    result = provider(fake).create(props())
+    assert result.outs["state"] == "WAITING_FOR_RESOURCES"
+    fake.clock.now = EPOCH + 4 * HOUR
+    read = provider(fake).read(result.id, result.outs)
+    assert (read.outs["state"], read.outs["internal_ip"]) == ("ACTIVE", "10.42.0.7")
 
 
-def test_delete_forwards_and_tolerates_already_gone():
-    api = ReplayTpuApi({})
-    provider(api).delete("projects/p/locations/us-east5-b/queuedResources/q", props())
-    assert api.deleted == ["projects/p/locations/us-east5-b/queuedResources/q"]
+def test_read_of_a_request_deleted_out_of_band_drops_it_from_state():
+    fake = FakeTpu()
+    result = active(fake)
+    fake.delete_queued_resource(qr_name(ZONES[0]))
+    fake.clock.advance(600)
+    assert provider(fake).read(result.id, result.outs).id == ""
 
 
-def test_diff_replaces_on_request_changes_only():
-    p = provider(ReplayTpuApi({}))
-    changed = p.diff("id", props(), props(accelerator_type="v6e-8"))
-    assert changed.changes and changed.replaces == ["accelerator_type"] and changed.delete_before_replace
-    assert not p.diff("id", props(), props(wait_timeout_seconds=10)).changes
+@pytest.mark.parametrize("how", ["preempted", "flex-start ended", "failed"])
+def test_defect_6_a_dead_request_is_a_diff_that_requeues_it(how):
+    fake = FakeTpu()
+    if how == "failed":
+        fake.zones[ZONES[0]] = Zone(fail_after=4000)
+        result = provider(fake).create(props(create_wait_seconds=60))
+        fake.clock.advance(5000)
+        p = props(create_wait_seconds=60)
+    elif how == "flex-start ended":
+        p = props(provisioning="flex-start", max_run_seconds=HOUR, zones=["us-east5-a"], recycle_before_seconds=0)
+        capacity(fake, "us-east5-a")
+        result = provider(fake).create(p)
+        fake.clock.advance(2 * HOUR)
+    else:
+        p = props()
+        result = active(fake, p)
+        fake.preempt(qr_name(ZONES[0]))
+    diff = provider(fake).diff(result.id, result.outs, p)
+    assert diff.changes is True and not diff.replaces
+
+
+def test_defect_6_update_requeues_a_preempted_slice_and_reports_the_new_state():
+    fake = FakeTpu()
+    p = props()
+    result = active(fake, p)
+    fake.preempt(qr_name(ZONES[0]))
+    fake.zones[ZONES[0]] = Zone(capacity_at=fake.clock() + 3 * HOUR)  # capacity comes back later
+    update = provider(fake).update(result.id, result.outs, p)
+    assert update.outs["state"] == "WAITING_FOR_RESOURCES" and update.outs["internal_ip"] is None
+    # The dead request was deleted (and waited for) before the new one was queued.
+    ops = [(c[0], c[1]) for c in fake.calls if c[0] in ("create", "delete")]
+    assert ops == [("create", qr_name(ZONES[0])), ("delete", qr_name(ZONES[0])), ("create", qr_name(ZONES[0]))]
+    assert [r.state for r in fake.live()] == ["WAITING_FOR_RESOURCES"]
+
+
+def test_defect_8_a_request_expiring_in_zone_1_moves_to_zone_2():
+    fake = FakeTpu()
+    capacity(fake, ZONES[1])
+    p = props(valid_until_seconds=HOUR, create_wait_seconds=300)
+    result = provider(fake).create(p)
+    assert (result.outs["zone"], result.outs["state"]) == (ZONES[0], "WAITING_FOR_RESOURCES")
+    fake.clock.advance(HOUR)
+    outs = provider(fake).read(result.id, result.outs).outs
+    assert outs["state"] == "FAILED" and "valid-until" in outs["state_reason"]
+    assert provider(fake).diff(result.id, outs, p).changes
+    update = provider(fake).update(result.id, outs, p)
+    assert (update.outs["zone"], update.outs["state"]) == (ZONES[1], "ACTIVE")
+    assert [r.zone for r in fake.live()] == [ZONES[1]]
+
+
+def test_suspended_restarts_from_the_top_of_the_chain_failed_moves_on():
+    fake = FakeTpu()
+    p = props(provisioning="spot", fallback_provisioning=["flex-start"], max_run_seconds=HOUR, zones=["us-east5-a"])
+    capacity(fake, "us-east5-a")
+    result = provider(fake).create(p)
+    assert result.outs["provisioning_model"] == "spot"
+    fake.preempt(qr_name("us-east5-a"))
+    again = provider(fake).update(result.id, provider(fake).read(result.id, result.outs).outs, p)
+    assert again.outs["provisioning_model"] == "spot"  # preemption: the preferred candidate first
+
+
+def test_flex_start_is_recycled_before_its_end():
+    fake = FakeTpu()
+    p = props(provisioning="flex-start", max_run_seconds=4 * HOUR, zones=["us-east5-a"], recycle_before_seconds=HOUR)
+    capacity(fake, "us-east5-a")
+    result = provider(fake).create(p)
+    assert not provider(fake).diff(result.id, result.outs, p).changes
+    fake.clock.advance(3 * HOUR + 600)  # 50 min left
+    assert provider(fake).diff(result.id, result.outs, p).changes
+
+
+def test_defect_7_label_change_on_an_active_slice_patches_the_node_in_place():
+    fake = FakeTpu()
+    result = active(fake)
+    new = props(labels={"app": "gemmaserve", "team": "serving"}, tags=["gemmaserve-host", "blue"])
+    diff = provider(fake).diff(result.id, result.outs, new)
+    assert diff.changes and not diff.replaces
+    update = provider(fake).update(result.id, result.outs, new)
+    patch = next(c for c in fake.calls if c[0] == "patch_node")
+    assert set(patch[2].split(",")) == {"labels", "tags"}
+    TPU.assert_request("Node", patch[3], partial=True)
+    assert fake.get_node(result.outs["node_name"])["labels"] == {"app": "gemmaserve", "team": "serving"}
+    assert update.outs["labels"] == new["labels"] and update.outs["state"] == "ACTIVE"
+    assert not [c for c in fake.calls if c[0] == "delete"]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"labels": {"app": "gemmaserve", "cost-center": "ml"}},
+        {"tags": ["gemmaserve-host", "canary"]},
+        {"metadata": {"enable-oslogin": "TRUE"}},
+    ],
+    ids=["labels", "tags", "metadata"],
+)
+def test_defect_7_each_patchable_field_is_patched_never_replaced(changes):
+    """labels, tags and metadata one at a time: nodes.patch with exactly that field in updateMask, a
+    Node body Google's discovery document accepts, the change visible on the node, no delete."""
+    fake = FakeTpu()
+    result = active(fake)
+    new = props(**changes)
+    diff = provider(fake).diff(result.id, result.outs, new)
+    assert diff.changes and not diff.replaces
+    provider(fake).update(result.id, result.outs, new)
+    (key,) = changes
+    patch = next(c for c in fake.calls if c[0] == "patch_node")
+    assert patch[2] == key
+    TPU.assert_request("Node", patch[3], partial=True)
+    assert fake.get_node(result.outs["node_name"])[key] == changes[key]
+    assert [c[0] for c in fake.calls].count("create") == 1 and "delete" not in [c[0] for c in fake.calls]
+
+
+def test_defect_7_reordered_zones_are_not_a_replacement():
+    fake = FakeTpu()
+    result = active(fake)
+    diff = provider(fake).diff(result.id, result.outs, props(zones=[ZONES[2], ZONES[0], ZONES[1]]))
+    assert not diff.replaces
+
+
+def test_queue_settings_change_of_an_active_slice_is_stored_not_requeued():
+    fake = FakeTpu()
+    result = active(fake)
+    new = props(valid_until_seconds=HOUR, create_wait_seconds=60)
+    diff = provider(fake).diff(result.id, result.outs, new)
+    assert not diff.replaces
+    provider(fake).update(result.id, result.outs, new)
+    assert [c[0] for c in fake.calls].count("create") == 1
+
+
+def test_request_change_of_a_waiting_request_requeues_in_place():
+    fake = FakeTpu()
+    result = provider(fake).create(props(create_wait_seconds=60))
+    new = props(create_wait_seconds=60, runtime_version="v2-alpha-tpuv6e-2")
+    diff = provider(fake).diff(result.id, result.outs, new)
+    assert diff.changes and not diff.replaces  # nothing is provisioned: no capacity is lost
+    provider(fake).update(result.id, result.outs, new)
+    latest = [c[2] for c in fake.calls if c[0] == "create"][-1]
+    assert latest["tpu"]["nodeSpec"][0]["node"]["runtimeVersion"] == "v2-alpha-tpuv6e-2"
+
+
+@pytest.mark.parametrize(
+    "changes", [{"accelerator_type": "v6e-8"}, {"zones": [ZONES[1]]}, {"provisioning": "spot"}, {"node_id": "other"}]
+)
+def test_shape_change_of_an_active_slice_is_a_replacement(changes):
+    fake = FakeTpu()
+    result = active(fake)
+    diff = provider(fake).diff(result.id, result.outs, props(**changes))
+    assert diff.replaces and diff.delete_before_replace
+
+
+def test_diff_without_api_access_falls_back_to_the_stored_state():
+    fake = FakeTpu()
+    result = active(fake)
+    fake.flaky_gets = 100
+    assert not provider(fake).diff(result.id, result.outs, props()).changes
+
+
+# --- delete ----------------------------------------------------------------------------------------
+
+
+def test_defect_1_a_refused_delete_fails_loudly():
+    fake = FakeTpu()
+    result = active(fake)
+    fake.refuse_delete = ApiError(403, "PERMISSION_DENIED", "Permission 'tpu.queuedResources.delete' denied")
+    with pytest.raises(ApiError, match="PERMISSION_DENIED"):
+        provider(fake).delete(result.id, result.outs)
+    assert [r.state for r in fake.live()] == ["ACTIVE"]
+
+
+def test_defect_1_delete_waits_until_the_request_and_its_node_are_gone():
+    fake = FakeTpu()
+    result = active(fake)
+    provider(fake).delete(result.id, result.outs)
+    assert fake.live() == []
+    with pytest.raises(ApiError, match="NOT_FOUND"):
+        fake.get_node(result.outs["node_name"])
+    assert [c[2] for c in fake.calls if c[0] == "delete"] == [True]  # force: the node goes with it
+
+
+def test_delete_that_never_finishes_fails_with_the_state():
+    fake = FakeTpu(delete_seconds=10 * HOUR)
+    result = active(fake)
+    with pytest.raises(QueuedResourceFailed, match="DELETING"):
+        provider(fake).delete(result.id, {**result.outs, "delete_timeout_seconds": 900})
+
+
+def test_delete_of_a_request_already_gone_succeeds():
+    fake = FakeTpu()
+    provider(fake).delete(QR_ID, props(zone=ZONES[0]))
+    assert [c[0] for c in fake.calls] == ["delete"]
 
 
 def test_module_import_does_not_load_the_google_client():
     code = (
         f"import sys; sys.path.insert(0, {str(INFRA)!r}); import tpu_queued_resource; "
-        "print(any(m.startswith('google.cloud.tpu') for m in sys.modules))"
+        "print(any(m.startswith(('googleapiclient', 'google.cloud', 'google.auth')) for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_already_exists_from_a_concurrent_create_is_adopted():
+    fake = FakeTpu()
+    capacity(fake, ZONES[0])
+    create = fake.create_queued_resource
+
+    def racing_create(parent, qr_id, body):
+        if not fake.records:  # another `up` queued the same request a moment earlier
+            create(parent, qr_id, body)
+        create(parent, qr_id, body)
+
+    fake.create_queued_resource = racing_create
+    result = provider(fake).create(props())
+    assert result.outs["state"] == "ACTIVE" and len(fake.live()) == 1
+
+
+def test_every_transition_of_one_slice():
+    """ACCEPTED -> WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE -> SUSPENDED -> re-queued -> ACTIVE."""
+    fake = FakeTpu()
+    fake.zones[ZONES[0]] = Zone(capacity_at=EPOCH + 1200, accepted_for=300, provisioning=600)
+    p = props(create_wait_seconds=0)
+    result = provider(fake).create(p)
+    seen = [result.outs["state"]]
+    outs = result.outs
+    for _ in range(12):
+        fake.clock.advance(200)
+        outs = provider(fake).read(result.id, outs).outs
+        if outs["state"] != seen[-1]:
+            seen.append(outs["state"])
+    fake.preempt(qr_name(ZONES[0]))
+    outs = provider(fake).read(result.id, outs).outs
+    seen.append(outs["state"])
+    assert provider(fake).diff(result.id, outs, p).changes
+    outs = provider(fake).update(result.id, outs, props(create_wait_seconds=900)).outs
+    seen.append(outs["state"])
+    assert seen == ["ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "SUSPENDED", "ACTIVE"]

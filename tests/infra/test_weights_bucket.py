@@ -121,3 +121,37 @@ def test_bad_writer_is_refused_before_any_resource():
 
     with pytest.raises(SpecError, match="writers"):
         run_program("gpu8", bucket_config(weights_bucket={"writers": ["ml-platform@example.com"]}))
+
+
+def test_storage_api_is_enabled_before_the_bucket_and_its_bindings(run):
+    """Issue 12's rule for what issue 15 added: the API first, and nothing of the bucket races it."""
+    services = {s.inputs["service"]: s for s in run.of_type("gcp:projects/service:Service")}
+    storage = services["storage.googleapis.com"]
+    assert storage.inputs["disableOnDestroy"] is False
+    for resource in run.of_type("gcp:storage/bucket:Bucket") + run.of_type(
+        "gcp:storage/bucketIAMMember:BucketIAMMember"
+    ):
+        assert storage.urn in resource.dependencies, f"{resource.name} does not wait for the storage API"
+
+
+def test_no_storage_api_without_weights_from_a_bucket(stack_runs):
+    enabled = {s.inputs["service"] for s in stack_runs["gpu8"].of_type("gcp:projects/service:Service")}
+    assert "storage.googleapis.com" not in enabled
+
+
+def test_a_stack_sharing_another_stacks_bucket_grants_only_its_own_hosts():
+    """cloud.weights_bucket.create: false (another stack owns the name): no bucket, but this stack's hosts
+    still read it and write compile caches, after the storage API is on."""
+    shared = run_program("gpu8", bucket_config(weights_bucket={"create": False}))
+    assert not shared.of_type("gcp:storage/bucket:Bucket")
+    storage = next(
+        s for s in shared.of_type("gcp:projects/service:Service") if s.inputs["service"] == "storage.googleapis.com"
+    )
+    members = shared.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    hosts = f"serviceAccount:gs-gpu8-hosts@{PROJECT}.iam.gserviceaccount.com"
+    assert {(m.inputs["bucket"], m.inputs["role"], m.inputs["member"]) for m in members} == {
+        (BUCKET, "roles/storage.objectViewer", hosts),
+        (BUCKET, "roles/storage.objectUser", hosts),
+    }
+    assert all(storage.urn in m.dependencies for m in members)
+    assert shared.outputs["weightsBucket"] == f"gs://{BUCKET}"

@@ -11,7 +11,7 @@ import pytest
 from gemmaserve.ops import fleet
 from gemmaserve.plan import plan
 from gemmaserve.records import HostRecord, parse_host_records
-from gemmaserve.sources import load_stack_spec
+from gemmaserve.sources import capacity_from_host_data, load_stack_spec
 from gemmaserve.spec import SpecError
 
 ROOT = fleet.REPO
@@ -56,6 +56,18 @@ def test_stack_inventory_reads_saved_outputs(tmp_path, environ):
     (host,) = fleet.load("hosts/stack.py")
     assert host.name == "gemmaserve-tpu-v6e4-0" and host.data["ssh_hostname"] == "10.128.0.7"
     assert host.plan.accelerator.name == "tpu-v6e" and host.plan.replicas[0].tensor_parallel_size == 4
+    # A TPU VM gets the preemption drain; the secret is the one the stack created.
+    assert host.data["gemmaserve_capacity"] == {"kind": "tpu-vm", "provisioning": "standard"}
+    assert capacity_from_host_data(host.data, host.name).preemptible
+    assert host.data["gemmaserve_secret"] == {"secret_manager": "gs-tpu-v6e4-hf-token"}
+
+
+def test_stack_inventory_marks_spot_gpu_hosts_preemptible(tmp_path, environ):
+    saved = tmp_path / "hosts.json"
+    saved.write_text(json.dumps([tpu_record(kind="gce-vm", provisioning="spot", name="gs-a100-gpu-0")]))
+    environ(GEMMASERVE_STACK="a100", GEMMASERVE_HOSTS_JSON=str(saved))
+    (host,) = fleet.load("hosts/stack.py")
+    assert host.data["gemmaserve_capacity"] == {"kind": "gce-vm", "provisioning": "spot"}
 
 
 def test_host_record_round_trips_through_json():

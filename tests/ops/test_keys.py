@@ -23,7 +23,8 @@ from gemmaserve.sandbox.credentials import key_digest
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "demo-project"
-SECRET = f"projects/{PROJECT}/secrets/gpu8-api-keys"
+# The stack file says `api-keys`; the stack creates it under its own prefix (stack_secret_name).
+SECRET = f"projects/{PROJECT}/secrets/gs-gpu8-api-keys"
 
 
 def discovery() -> dict:

@@ -53,6 +53,7 @@ def queued(**changes) -> dict:
     return {
         "queued_resource_id": "q",
         "provisioning": "spot",
+        "create_wait_seconds": 600,
         "enable_external_ips": False,
         "labels": dict(LABELS),
         **changes,
@@ -104,10 +105,24 @@ def test_world_serving_port_uses_configured_ports():
         (INSTANCE, instance(scheduling={"provisioningModel": "FLEX_START", "maxRunDuration": {"seconds": 8 * 86400}})),
         (DYNAMIC, queued(provisioning="flex-start")),
         (DYNAMIC, queued(provisioning="flex-start", max_run_seconds=8 * 86400)),
+        (DYNAMIC, queued(fallback_provisioning=["flex-start"])),
     ],
 )
 def test_flex_start_without_bounded_duration(resource_type, props):
     assert validate(rules.validate_flex_start_duration, resource_type, props)
+
+
+@pytest.mark.parametrize("wait", [None, 6 * 3600 + 600])
+def test_queued_resource_create_that_would_block_for_hours(wait):
+    assert validate(rules.validate_bounded_create_wait, DYNAMIC, queued(create_wait_seconds=wait))
+
+
+def test_api_disabled_on_destroy():
+    service = "gcp:projects/service:Service"
+    assert validate(rules.validate_api_kept_on_destroy, service, {"service": "tpu.googleapis.com"})
+    assert not validate(
+        rules.validate_api_kept_on_destroy, service, {"service": "tpu.googleapis.com", "disableOnDestroy": False}
+    )
 
 
 def test_unprotected_queued_resource():
@@ -121,6 +136,10 @@ def test_unprotected_queued_resource():
         (INSTANCE, instance(labels={})),
         ("gcp:secretmanager/secret:Secret", {"secretId": "hf-token", "labels": {"app": "gemmaserve"}}),
         (DYNAMIC, queued(labels=None)),
+        (
+            "gcp:storage/bucket:Bucket",
+            {"name": "team-weights", "labels": {"app": "gemmaserve", "managed-by": "pulumi"}},
+        ),
     ],
 )
 def test_missing_labels(resource_type, props):
@@ -179,14 +198,27 @@ def test_quiet_on_good_examples():
     assert not stack_outputs({"ca_cert": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"})
 
 
-@pytest.mark.parametrize("stack", STACKS)
+def bucket_stack_config() -> dict:
+    """gpu8 with its weights from a bucket the stack creates (issue 15)."""
+    from tests.infra.conftest import stack_config
+
+    config = stack_config("gpu8")
+    config["gemmaserve:weights"] = {"source": "bucket", "bucket": "gs://team-weights", "revision": "0" * 40}
+    return config
+
+
+@pytest.mark.parametrize("stack", [*STACKS, "gpu8-with-bucket"])
 def test_every_stack_passes_every_rule(stack):
-    run = run_program(stack)
+    run = run_program("gpu8", bucket_stack_config()) if stack == "gpu8-with-bucket" else run_program(stack)
+    if stack == "gpu8-with-bucket":
+        assert run.of_type("gcp:storage/bucket:Bucket")
     resource_rules = [
         rules.validate_external_ip,
         rules.validate_world_serving_port,
         rules.validate_flex_start_duration,
         rules.validate_queued_resource_protected,
+        rules.validate_bounded_create_wait,
+        rules.validate_api_kept_on_destroy,
         rules.validate_labels,
         rules.validate_plaintext_proxy,
     ]
@@ -203,6 +235,8 @@ def test_pack_lists_every_rule():
         "no-world-serving-port",
         "flex-start-max-run-duration",
         "tpu-queued-resource-protected",
+        "tpu-create-wait-bounded",
+        "apis-kept-on-destroy",
         "labels-present",
         "no-plaintext-endpoint",
         "no-plaintext-secret-outputs",

@@ -15,9 +15,11 @@ from gemmaserve.spec import parse_spec
 
 from .published_argv import env_of, serve_flags
 
-# The tool chat template is part of every tool/reasoning server we render (vLLM's Gemma 4 recipe "Server Flags
-# Reference"); the path is where the vllm role installs it.
-TEMPLATE = {"--chat-template": CHAT_TEMPLATE_PATH}
+# Our documented additions to every server: the tool chat template for tool/reasoning servers (vLLM's Gemma 4
+# recipe "Server Flags Reference"; the path is where the vllm role installs it), and a graceful stop (none of
+# the setups sets --shutdown-timeout, so a restart aborts their in-flight requests; serving.shutdown_timeout).
+SHUTDOWN = {"--shutdown-timeout": 120}
+TEMPLATE = {"--chat-template": CHAT_TEMPLATE_PATH, **SHUTDOWN}
 
 CALLSTACK_BASELINE = """CUDA_VISIBLE_DEVICES=0,1 vllm serve google/gemma-4-31B-it \
   --tensor-parallel-size 2 --gpu-memory-utilization 0.90 --max-model-len 32768 \
@@ -171,7 +173,7 @@ def test_v6e4_writeup_e2b_on_v6e4():
     model, expected = serve_flags(V6E4_WRITEUP_E2B)
     # Additions: the utilization is always explicit (0.90, Callstack and the Turbo-Stable setup), plus template, host and port.
     expected.update(TEMPLATE)
-    expected.update({"--gpu-memory-utilization": 0.90, "--host": "127.0.0.1", "--port": 8000})
+    expected.update({"--gpu-memory-utilization": 0.90, "--host": "127.0.0.1", "--port": 8000, **SHUTDOWN})
     assert serve_flags(replica.argv) == (model, expected)
     assert replica.tensor_parallel_size == 4  # TP = chip count
     assert result.warnings == []  # E2B has audio: nothing dropped
@@ -195,7 +197,7 @@ def test_vllm_recipe_benchmark_server():
     }
     (replica,) = _only(data).replicas
     model, expected = serve_flags(RECIPE_BENCHMARK)
-    expected.update({"--gpu-memory-utilization": 0.90, "--host": "127.0.0.1", "--port": 8000})
+    expected.update({"--gpu-memory-utilization": 0.90, "--host": "127.0.0.1", "--port": 8000, **SHUTDOWN})
     assert serve_flags(replica.argv) == (model, expected)
 
 

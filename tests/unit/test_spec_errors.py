@@ -133,6 +133,10 @@ BAD = [
     (with_("engine.image", "vllm/vllm-openai:gemma4"), "engine.image", "gemma4", "version tag"),
     (with_("engine.image", "vllm/vllm-tpu:nightly"), "engine.image", "nightly", "@sha256"),
     (with_("engine.image", "vllm/vllm-openai"), "engine.image", "vllm/vllm-openai", "pinned"),
+    # A tag that names no release can move as surely as `latest`.
+    (with_("engine.image", "us-docker.pkg.dev/p/r/vllm:prod"), "engine.image", "vllm:prod", "version tag"),
+    (with_("engine.image", "vllm/vllm-openai@sha256:abc"), "engine.image", "sha256:abc", "@sha256:DIGEST"),
+    (with_("serving.shutdown_timeout", -1), "serving.shutdown_timeout", "-1", "greater than or equal to 0"),
     (with_("serving.base_port", 80), "serving.base_port", "80", "greater than or equal to 1024"),
     (with_("serving.replicas", 0), "serving.replicas", "0", "1..16"),
     (with_("serving.replicas", "many"), "serving.replicas", "many", "auto"),
@@ -192,3 +196,16 @@ def test_good_spec_parses():
     spec = parse_spec(GOOD)
     assert spec.model == "google/gemma-4-31B-it"
     assert spec.max_model_len == 32768
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "vllm/vllm-openai:v0.33.0",
+        "localhost/gemmaserve/vllm-cpu:0.32.0-1f2e3d4c@sha256:" + "a" * 64,
+        "us-docker.pkg.dev/proj/repo/vllm-gemma4@sha256:" + "0" * 64,
+        "us-central1-docker.pkg.dev/proj/gemmaserve/vllm-gemma4:vllm-0.33.0-tf-5.19.0",
+    ],
+)
+def test_pinned_images_are_accepted(image):
+    assert parse_spec(with_("engine", {"kind": "container", "image": image})).engine.image == image

@@ -12,6 +12,7 @@ import re
 import pytest
 
 from gemmaserve.ops.endpoint import API_KEY_ENV, CITY_SCHEMA, WEATHER_TOOL, EndpointError, request, schema_problems
+from gemmaserve.ops.verify.processes import server_pid
 
 ALERT_METRICS = ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_requests_running")
 
@@ -66,7 +67,8 @@ def test_haproxy_backend_up(target, replica):
 
 
 def test_replica_runs_the_planned_argv(target, replica):
-    pid = target.host.run(f"systemctl show -p MainPID --value vllm@{replica.index}").stdout.strip()
+    pid = server_pid(target.host, replica.index)
+    assert pid, f"no vllm serve process in vllm@{replica.index}.service"
     cmdline = target.host.file(f"/proc/{pid}/cmdline").content_string.split("\0")
     assert replica.argv[2:] == cmdline[cmdline.index("serve") + 1 :][: len(replica.argv) - 2]
 
@@ -158,7 +160,8 @@ def test_api_key_not_in_haproxy_or_vllm_logs(target):
 
 
 def test_no_token_in_replica_environment(target, replica):
-    pid = target.host.run(f"systemctl show -p MainPID --value vllm@{replica.index}").stdout.strip()
+    pid = server_pid(target.host, replica.index)
+    assert pid, f"no vllm serve process in vllm@{replica.index}.service"
     environ = target.host.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
     assert "HF_TOKEN=" not in environ
     if target.plan.token_source_path:

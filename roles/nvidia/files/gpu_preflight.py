@@ -148,7 +148,8 @@ def main(argv: list[str]) -> int:
     problems, warnings = preflight(
         result.stdout,
         loaded_module_version(args.proc_version),
-        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # A container replica's CUDA_VISIBLE_DEVICES numbers the container's GPUs; the host's are here.
+        os.environ.get("GEMMASERVE_HOST_GPUS") or os.environ.get("CUDA_VISIBLE_DEVICES"),
         os.environ.get("CUDA_DEVICE_ORDER"),
         args.fabric,
     )

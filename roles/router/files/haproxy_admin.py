@@ -4,10 +4,12 @@ Runs on serving hosts as a standalone script (stdlib only), from the replicas ro
 
     python3 haproxy_admin.py drain vllm/replica0 [--timeout S]   # no new requests; wait until idle
     python3 haproxy_admin.py ready vllm/replica0 [--timeout S]   # take requests again; wait until UP
+    python3 haproxy_admin.py ready vllm/replica0 --no-wait       # take requests again once checks pass
     python3 haproxy_admin.py status vllm                         # {"replica0": "UP", ...} as JSON
 
-With no HAProxy socket (the router is not installed yet, on a first deploy) there is nothing to drain
-and both commands succeed.
+With no HAProxy answering on its socket (the router is not installed yet, on a first deploy, or HAProxy
+is stopping at shutdown) there is nothing to drain and both commands succeed. vllm@.service runs
+`drain` before every stop and `ready --no-wait` after every start.
 """
 
 from __future__ import annotations
@@ -70,12 +72,16 @@ def drain(name: str, timeout: float, path: str = SOCKET) -> None:
     print(f"{name}: drained", file=sys.stderr)
 
 
-def ready(name: str, timeout: float, path: str = SOCKET) -> None:
+def ready(name: str, timeout: float, path: str = SOCKET, wait: bool = True) -> None:
     backend, server = name.split("/", 1)
     if server_stats(backend, server, path) is None:
         print(f"{name}: not in HAProxy's config yet; the router role adds it", file=sys.stderr)
         return
     command(f"set server {name} state ready", path)
+    if not wait:
+        # HAProxy's health check keeps it out of rotation until /health answers.
+        print(f"{name}: ready; in rotation once its health check passes", file=sys.stderr)
+        return
     _wait(lambda: server_stats(backend, server, path)["status"].startswith("UP"), timeout, f"{name} to be UP")
     print(f"{name}: ready and UP", file=sys.stderr)
 
@@ -93,15 +99,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("action", choices=["drain", "ready", "status"])
     parser.add_argument("server", help="BACKEND/SERVER, e.g. vllm/replica0 (for status: BACKEND)")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--no-wait", action="store_true", help="ready: do not wait for the server to be UP")
     parser.add_argument("--socket", default=SOCKET)
     args = parser.parse_args(argv)
     if not os.path.exists(args.socket):
         print(f"{args.socket} absent: HAProxy not running here yet, nothing to {args.action}", file=sys.stderr)
         return 0
-    if args.action == "status":
-        print(json.dumps(backend_status(args.server, args.socket)))
-        return 0
-    (drain if args.action == "drain" else ready)(args.server, args.timeout, args.socket)
+    try:
+        if args.action == "status":
+            print(json.dumps(backend_status(args.server, args.socket)))
+        elif args.action == "drain":
+            drain(args.server, args.timeout, args.socket)
+        else:
+            ready(args.server, args.timeout, args.socket, wait=not args.no_wait)
+    except ConnectionRefusedError:
+        # The socket file outlives a stopped HAProxy (and a stopping one no longer listens on it).
+        print(f"{args.socket}: HAProxy does not answer, nothing to {args.action}", file=sys.stderr)
+        if args.action == "status":
+            print(json.dumps({}))
     return 0
 
 

@@ -109,3 +109,6 @@ def test_as_a_program(tmp_path: Path) -> None:
     sick = subprocess.run(args, env={**env, "CUDA_VISIBLE_DEVICES": "2,3"}, capture_output=True, text=True)
     assert sick.returncode == 1
     assert "GPU 3 (00000000:5D:00.0): Remapped Rows Pending = Yes" in sick.stderr
+    # A container replica: the unit's environment names the host's GPUs 2,3 (the container's are 0,1).
+    in_container = subprocess.run(args, env={**env, "GEMMASERVE_HOST_GPUS": "2,3"}, capture_output=True, text=True)
+    assert in_container.returncode == 1 and "GPU 3 (00000000:5D:00.0)" in in_container.stderr

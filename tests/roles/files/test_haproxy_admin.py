@@ -83,3 +83,20 @@ def test_missing_socket_is_a_no_op(tmp_path):
 def test_status_lists_servers(fake):
     _, path = fake
     assert haproxy_admin.backend_status("vllm", path) == {"replica0": "UP", "replica1": "UP"}
+
+
+def test_ready_without_waiting_leaves_rotation_to_the_health_check(fake):
+    """vllm@.service's ExecStartPost: ready at once; HAProxy keeps the server out until /health answers."""
+    haproxy, path = fake
+    haproxy.rows["replica1"][1] = "MAINT"
+    assert haproxy_admin.main(["ready", "vllm/replica1", "--no-wait", "--socket", path]) == 0
+    assert "set server vllm/replica1 state ready" in haproxy.commands
+
+
+def test_socket_nobody_listens_on_is_a_no_op(tmp_path):
+    """A stopped or stopping HAProxy leaves its socket file behind: a replica's stop must not fail on it."""
+    path = tmp_path / "stale.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()
+    assert haproxy_admin.main(["drain", "vllm/replica0", "--socket", str(path)]) == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api.host import Host
 
-from roles.nvidia import NvidiaDockerRuntime, NvidiaKernelModule, NvidiaPciDevices, NvidiaTopology
+from roles.nvidia import NvidiaCdiDevices, NvidiaKernelModule, NvidiaPciDevices, NvidiaTopology
 
 # RTX PRO 6000 Blackwell Server Edition's PCI id (10de:2bb5, pci.ids 2026.10.24); a PCIe box has no NVSwitch.
 _gpus = [(f"0000:{0x18 + i:02x}:00.0", "2bb5") for i in range(host.data.gemmaserve_gpu_facts["gpu_count"])]
@@ -18,7 +18,7 @@ FAKE = {
     NvidiaPciDevices: {"gpus": _gpus, "nvswitches": []},
     NvidiaTopology: None,
     NvidiaKernelModule: host.data.gemmaserve_gpu_facts.get("kernel_module"),
-    NvidiaDockerRuntime: host.data.gemmaserve_gpu_facts.get("docker_runtime", False),
+    NvidiaCdiDevices: host.data.gemmaserve_gpu_facts.get("cdi_devices", []),
 }
 _real_get_fact = Host.get_fact
 

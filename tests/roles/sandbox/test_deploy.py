@@ -12,6 +12,7 @@ import yaml
 
 from gemmaserve.ops import fleet
 from gemmaserve.ops.endpoint import CITY_SCHEMA, WEATHER_TOOL, check_endpoint, schema_problems
+from gemmaserve.ops.verify.processes import server_pid
 from gemmaserve.plan import plan
 from gemmaserve.sandbox.profile import OVERRIDE_ENV, sandbox_host_data
 from gemmaserve.sources import load_stack_spec, spec_from_host_data
@@ -255,14 +256,16 @@ def test_haproxy_routes_least_connections(deployed, sandbox_host):
 
 
 def test_replica_env_file_matches_the_plan(deployed, sandbox_host, sandbox_plan):
-    content = sandbox_host.file("/etc/gemmaserve/replica-0.env").content_string
+    # vLLM's environment: the unit's env file with a venv, the container's own under podman.
+    path = "/etc/gemmaserve/replica-0" + (".container.env" if sandbox_plan.engine.kind == "container" else ".env")
+    content = sandbox_host.file(path).content_string
     for key, value in sandbox_plan.replicas[0].env.items():
         assert f"{key}={value}\n" in content
-    assert sandbox_host.file("/etc/gemmaserve/replica-0.env").mode == 0o640
+    assert sandbox_host.file(path).mode == 0o640
 
 
 def test_vllm_runs_the_planned_argv(deployed, sandbox_host, sandbox_plan):
-    pid = sandbox_host.run("systemctl show -p MainPID --value vllm@0").stdout.strip()
+    pid = server_pid(sandbox_host, 0)
     cmdline = sandbox_host.file(f"/proc/{pid}/cmdline").content_string.split("\0")
     assert cmdline[cmdline.index("serve") + 1 :][:-1] == sandbox_plan.replicas[0].argv[2:]
 

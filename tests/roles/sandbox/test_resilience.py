@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
 
+from gemmaserve.ops.verify.processes import server_pid
 from gemmaserve.plan import plan
 from gemmaserve.sandbox import lifecycle
 from gemmaserve.sandbox.profile import sandbox_host_data
@@ -20,6 +22,8 @@ pytestmark = pytest.mark.sandbox
 
 TOKEN = "hf_gemmaserveTESTtoken_" + hashlib.sha256(b"never-a-real-token").hexdigest()[:20]
 TOKEN_FILE = "/etc/gemmaserve/hf-token"
+# The drain bound these hosts are deployed with: long enough for the test streams, short enough to measure.
+SHUTDOWN_TIMEOUT = 30
 
 
 def two_replica_data(tmp_path: Path, **workload) -> dict:
@@ -30,6 +34,7 @@ def two_replica_data(tmp_path: Path, **workload) -> dict:
         "gemmaserve_accelerator": {"kind": "cpu", "count": 2},
         "gemmaserve_secret": {"file": TOKEN_FILE},
         "secrets_hf_token_src": str(local_token),
+        "gemmaserve_serving": {"shutdown_timeout": SHUTDOWN_TIMEOUT},
     }
     if workload:
         data["gemmaserve_workload"] = {**sandbox_host_data()["gemmaserve_workload"], **workload}
@@ -98,7 +103,7 @@ def test_token_and_api_key_absent_from_pyinfra_output(two_replicas):
 
 
 def test_token_reaches_vllm_as_a_credential(two_replicas, sandbox_host):
-    pid = sandbox_host.run("systemctl show -p MainPID --value vllm@0").stdout.strip()
+    pid = server_pid(sandbox_host, 0)
     environ = sandbox_host.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
     path = re.search(r"^HF_TOKEN_PATH=(.+)$", environ, re.M)[1]
     assert path == "/run/credentials/vllm@0.service/hf-token"
@@ -120,7 +125,9 @@ def test_token_file_on_disk_is_root_only(two_replicas, sandbox_host):
 def test_sigkilled_replica_loses_no_request_and_is_restarted(two_replicas, sandbox_host):
     host, serving, _, _ = two_replicas
     before = int(sandbox_host.run("systemctl show -p NRestarts --value vllm@0").stdout.strip())
-    pid = sandbox_host.run("systemctl show -p MainPID --value vllm@0").stdout.strip()
+    # The vLLM server itself, whichever engine runs it (under podman: a process of the container).
+    pid = server_pid(sandbox_host, 0)
+    assert pid
     with Load(sandbox_endpoint(host), serving.model.hf_id, limit=60, seconds=240) as load:
         wait_until(lambda: load.ok >= 5, 60, "the load to start")
         assert sandbox_host.run(f"kill -KILL {pid}").rc == 0
@@ -160,6 +167,113 @@ def test_unchanged_replica_is_never_restarted(two_replicas, sandbox_host):
     assert result.returncode == 0, result.output[-3000:]
     assert unit_started(sandbox_host, 0) == started[0]
     assert unit_started(sandbox_host, 1) != started[1]
+
+
+# --- graceful stops -----------------------------------------------------------------------------
+
+# Streams of this many tokens take a few seconds on the sandbox: long enough to be cut by a careless stop.
+STREAM_TOKENS = 300
+# On the host: wait until HAProxy has requests running on replica 0, then `systemctl stop` it, timed.
+STOP_WHEN_BUSY = """
+import subprocess, sys, time
+sys.path.insert(0, "/opt/gemmaserve/lib")
+import haproxy_admin
+for _ in range(600):
+    busy = int(haproxy_admin.server_stats("vllm", "replica0")["scur"] or 0)
+    if busy:
+        break
+    time.sleep(0.1)
+started = time.monotonic()
+subprocess.run(["systemctl", "stop", "vllm@0"], check=True)
+print(busy, round(time.monotonic() - started, 2))
+"""
+
+
+def all_up(sandbox_host) -> bool:
+    return set(haproxy_status(sandbox_host).values()) == {"UP"}
+
+
+def backend_busy(sandbox_host) -> int:
+    """Requests HAProxy has running on the host's replicas now."""
+    script = (
+        "import sys; sys.path.insert(0, '/opt/gemmaserve/lib'); import haproxy_admin; "
+        "print(haproxy_admin.server_stats('vllm', 'BACKEND')['scur'] or 0)"
+    )
+    return int(sandbox_host.run(f'python3 -c "{script}"').stdout.strip() or 0)
+
+
+def test_plain_stop_under_load_finishes_every_accepted_request(two_replicas, sandbox_host):
+    """`systemctl stop vllm@0`, not the deploy's rolling restart, under streaming and non-streaming load:
+    the replica leaves HAProxy, finishes the requests it holds and exits within the drain bound; the
+    other replica takes the new ones; no request fails."""
+    host, serving, _, _ = two_replicas
+    wait_until(lambda: all_up(sandbox_host), 240, "both replicas UP")
+    load = Load(
+        sandbox_endpoint(host),
+        serving.model.hf_id,
+        limit=10000,
+        seconds=400,
+        threads=4,
+        stream_every=2,
+        stream_tokens=STREAM_TOKENS,
+    )
+    with load:
+        wait_until(lambda: load.ok >= 4, 120, "the load to start")
+        stop = sandbox_host.run(f"python3 - <<'EOF'\n{STOP_WHEN_BUSY}\nEOF")
+        assert stop.rc == 0, stop.stderr
+        busy, stop_s = stop.stdout.split()
+        served = load.ok
+        wait_until(lambda: load.ok >= served + 6 or bool(load.failures), 180, "requests served by replica 1 alone")
+    engine = serving.engine.kind
+    print(
+        f"\n[figure] systemctl stop of a busy replica ({engine}): {float(stop_s):.1f} s with {busy} requests "
+        f"running on it (bound {SHUTDOWN_TIMEOUT} s); load: {load.ok} ok, {len(load.failures)} failed"
+    )
+    assert load.failures == []
+    assert int(busy) >= 1, "replica 0 had nothing in flight: the stop proved nothing"
+    assert float(stop_s) <= SHUTDOWN_TIMEOUT + 10
+    assert sandbox_host.run("systemctl is-active vllm@0").stdout.strip() == "inactive"
+    assert "vllm/replica0: drained" in sandbox_host.run("journalctl -u vllm@0 -n 300 --no-pager -o cat").stdout
+    assert sandbox_host.run("systemctl start vllm@0").rc == 0
+    wait_until(lambda: all_up(sandbox_host), 240, "vllm@0 back UP in HAProxy")
+
+
+def test_reboot_under_load_with_a_second_host_serving(two_replicas, sandbox_host, serving_peer):
+    """A host with two replicas reboots while a second host serves: clients spread over both hosts (as a
+    load balancer would, sending what a host refuses to the other). Every request the rebooting host
+    accepted finishes, streams included: HAProxy stops first and gracefully, then the replicas."""
+    host, serving, _, _ = two_replicas
+    wait_until(lambda: all_up(sandbox_host), 240, "both replicas UP")
+    load = Load(
+        [sandbox_endpoint(h) for h in (host, serving_peer)],
+        serving.model.hf_id,
+        limit=10000,
+        seconds=500,
+        threads=4,
+        stream_every=2,
+        stream_tokens=STREAM_TOKENS,
+    )
+    with load:
+        wait_until(lambda: load.ok >= 6, 120, "the load to start")
+        wait_until(lambda: backend_busy(sandbox_host) >= 1, 60, "requests running on the rebooting host")
+        began = time.monotonic()
+        # Later tests hold this same Host record: keep its PID current. A graceful shutdown under load takes
+        # HAProxy's soft stop, then vLLM's own drain (each at most the shutdown timeout), not the 30 s an
+        # idle host needs; booting ends once both replicas, loading one after the other under load, are ready.
+        host.pid = lifecycle.reboot(host.name, timeout=2 * SHUTDOWN_TIMEOUT + 30, boot_timeout=480).pid
+        down_s = time.monotonic() - began
+        sandbox_host.backend.__dict__.pop("client", None)
+        wait_until(lambda: all_up(sandbox_host), 300, "both replicas UP after the reboot")
+        served = load.ok
+        wait_until(lambda: load.ok >= served + 6 or bool(load.failures), 180, "requests after the reboot")
+    in_flight = load.in_flight_at(began, 0)
+    print(
+        f"\n[figure] reboot under load ({serving.engine.kind}, a second host serving): shutdown and boot "
+        f"{down_s:.1f} s, {in_flight} requests in flight at the reboot finished, {load.rerouted} sent to the "
+        f"other host, {load.ok} ok, {len(load.failures)} failed"
+    )
+    assert load.failures == []
+    assert in_flight >= 1, "nothing was in flight on the rebooting host: the test proved nothing"
 
 
 # --- reboot -------------------------------------------------------------------------------------

@@ -1,0 +1,119 @@
+"""What the TPU provider needs from tpu.googleapis.com v2alpha1, and the adapter that calls it over REST.
+
+The adapter is google-api-python-client's discovery client built from the discovery document shipped in
+its wheel (static_discovery): methods, paths and parameters are Google's own, and the bodies are the
+REST JSON the tests check against that same document. The proto-based google-cloud-tpu client cannot
+carry flex-start (provisioningModel, runDuration), which the discovery document has.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class ApiError(Exception):
+    """An API call refused: HTTP code, canonical status (RESOURCE_EXHAUSTED, NOT_FOUND, ...) and message."""
+
+    def __init__(self, code: int, status: str, message: str):
+        self.code, self.status, self.message = code, status, message
+        super().__init__(f"{status} ({code}): {message}")
+
+
+class TpuApi(Protocol):
+    """The calls the provider makes, in REST JSON; long-running operations are waited for by the adapter."""
+
+    def create_queued_resource(self, parent: str, queued_resource_id: str, body: dict) -> None: ...
+    def get_queued_resource(self, name: str) -> dict: ...
+    def delete_queued_resource(self, name: str, force: bool = True) -> None: ...
+    def get_node(self, name: str) -> dict: ...
+    def patch_node(self, name: str, update_mask: str, body: dict) -> None: ...
+
+
+_STATUS = {
+    400: "INVALID_ARGUMENT",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+}
+
+
+def api_error(http_error) -> ApiError:
+    """googleapiclient's HttpError -> ApiError with the google.rpc status the body carries."""
+    code = int(getattr(http_error.resp, "status", 0) or 0)
+    try:
+        error = json.loads(http_error.content or b"{}").get("error", {})
+    except ValueError:
+        error = {}
+    return ApiError(code, error.get("status") or _STATUS.get(code, "UNKNOWN"), error.get("message") or str(http_error))
+
+
+class GoogleTpuApi:
+    """TpuApi over the discovery client. `endpoint` points it elsewhere (a local fake in the tests)."""
+
+    def __init__(
+        self,
+        credentials=None,
+        endpoint: str | None = None,
+        operation_timeout: float = 600,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        from googleapiclient.discovery import build
+
+        options = {"api_endpoint": endpoint} if endpoint else None
+        self._service = build(
+            "tpu",
+            "v2alpha1",
+            credentials=credentials,
+            static_discovery=True,
+            cache_discovery=False,
+            client_options=options,
+        )
+        self._locations = self._service.projects().locations()
+        self.operation_timeout, self.sleep, self.clock = operation_timeout, sleep, clock
+
+    def _execute(self, request, retries: int = 0) -> dict[str, Any]:
+        from googleapiclient.errors import HttpError
+
+        try:
+            return request.execute(num_retries=retries)
+        except HttpError as error:
+            raise api_error(error) from None
+
+    def _wait(self, operation: dict[str, Any], what: str) -> None:
+        deadline = self.clock() + self.operation_timeout
+        while not operation.get("done"):
+            if self.clock() > deadline:
+                raise ApiError(504, "DEADLINE_EXCEEDED", f"{what}: operation {operation['name']} still running")
+            self.sleep(5)
+            operation = self._execute(self._locations.operations().get(name=operation["name"]), retries=3)
+        if "error" in operation:
+            error = operation["error"]
+            raise ApiError(
+                int(error.get("code", 0)), str(error.get("status", error.get("code"))), error.get("message", "")
+            )
+
+    def create_queued_resource(self, parent: str, queued_resource_id: str, body: dict) -> None:
+        request = self._locations.queuedResources().create(
+            parent=parent, queuedResourceId=queued_resource_id, body=body
+        )
+        self._wait(self._execute(request), f"create {parent}/queuedResources/{queued_resource_id}")
+
+    def get_queued_resource(self, name: str) -> dict:
+        return self._execute(self._locations.queuedResources().get(name=name), retries=3)
+
+    def delete_queued_resource(self, name: str, force: bool = True) -> None:
+        # The operation ends when the request and its nodes are gone; the provider polls the request
+        # itself (with progress lines and its own deadline), so only the acceptance is awaited here.
+        self._execute(self._locations.queuedResources().delete(name=name, force=force))
+
+    def get_node(self, name: str) -> dict:
+        return self._execute(self._locations.nodes().get(name=name), retries=3)
+
+    def patch_node(self, name: str, update_mask: str, body: dict) -> None:
+        request = self._locations.nodes().patch(name=name, updateMask=update_mask, body=body)
+        self._wait(self._execute(request), f"patch {name}")
