@@ -24,7 +24,7 @@ import sys
 import urllib.error
 import urllib.request
 
-# Overridable so the helper can be tested against a local fake metadata server (as hf_token.py is).
+# Overridable so the helper can be tested against a local fake metadata server (as secret_fetch.py is).
 METADATA_URL = os.environ.get("GEMMASERVE_METADATA_URL", "http://metadata.google.internal/computeMetadata/v1")
 USERNAME = "oauth2accesstoken"
 # The metadata server is link-local: never through a proxy.
