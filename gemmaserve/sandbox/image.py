@@ -24,8 +24,8 @@ from gemmaserve.sandbox.system import Log, plain_log
 
 IMAGES_DIR = Path(os.environ.get("GEMMASERVE_IMAGE_CACHE", "/var/cache/gemmaserve/images"))
 REPOSITORY = "localhost/gemmaserve/vllm-cpu"
-# The build tool, and skopeo to write the archive (Debian packages on the outer machine).
-BUILD_PACKAGES = ("podman", "crun", "skopeo")
+# The build tool, its runtime and skopeo to write the archive ({command: Debian package} on the outer machine).
+BUILD_TOOLS = {"podman": "podman", "crun": "crun", "skopeo": "skopeo"}
 # zstd layers: written and loaded about twice as fast as podman save's gzip on two cores (podman >= 4.0
 # loads them; https://github.com/containers/image/blob/main/docs/containers-transports.5.md).
 ARCHIVE_COMPRESSION = ("zstd", "3")
@@ -97,7 +97,7 @@ def cached_image(venv: Path, version: str, log: Log = plain_log) -> BuiltImage:
         return built
     if not (venv / "bin" / "vllm").exists():
         raise RuntimeError(f"{venv} holds no vLLM: build the engine first (gemmaserve.sandbox.demo.ensure_engine)")
-    _ensure_build_tools(log)
+    rootfs.ensure_outer_tools(log, BUILD_TOOLS)
     IMAGES_DIR.mkdir(parents=True, exist_ok=True)
     work = IMAGES_DIR / f"build-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
@@ -179,14 +179,3 @@ def _run(cmd: list[str]) -> None:
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
-
-
-def _ensure_build_tools(log: Log) -> None:
-    if all(shutil.which(tool) for tool in ("podman", "skopeo")):
-        return
-    log(f"installing on the outer machine: {' '.join(BUILD_PACKAGES)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *BUILD_PACKAGES]
-    if subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)

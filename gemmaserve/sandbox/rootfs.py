@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,9 +77,9 @@ class AptSource:
         return "\n".join(lines) + "\n"
 
 
-def ensure_outer_tools(log: Log) -> None:
-    """Install the outer machine's missing tools with apt, saying what is installed."""
-    missing = sorted({pkg for tool, pkg in OUTER_TOOLS.items() if shutil.which(tool) is None})
+def ensure_outer_tools(log: Log, tools: Mapping[str, str] = OUTER_TOOLS) -> None:
+    """Install the outer machine's missing tools ({command: Debian package}) with apt, saying what is installed."""
+    missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
     if not missing:
         return
     log(f"installing on the outer machine: {' '.join(missing)}")
