@@ -260,9 +260,10 @@ def test_reboot_under_load_with_a_second_host_serving(two_replicas, sandbox_host
         wait_until(lambda: backend_busy(sandbox_host) >= 1, 60, "requests running on the rebooting host")
         began = time.monotonic()
         # Later tests hold this same Host record: keep its PID current. A graceful shutdown under load takes
-        # HAProxy's soft stop, then vLLM's own drain (each at most the shutdown timeout), not the 30 s an
-        # idle host needs; booting ends once both replicas, loading one after the other under load, are ready.
-        host.pid = lifecycle.reboot(host.name, timeout=2 * SHUTDOWN_TIMEOUT + 30, boot_timeout=480).pid
+        # HAProxy's soft stop, then each replica's drain in HAProxy and vLLM's own drain (three stages, each at
+        # most the shutdown timeout), not the 30 s an idle host needs; booting ends once both replicas, loading
+        # one after the other under load, are ready.
+        host.pid = lifecycle.reboot(host.name, timeout=3 * SHUTDOWN_TIMEOUT + 60, boot_timeout=480).pid
         down_s = time.monotonic() - began
         sandbox_host.backend.__dict__.pop("client", None)
         wait_until(lambda: all_up(sandbox_host), 300, "both replicas UP after the reboot")
