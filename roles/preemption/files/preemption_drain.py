@@ -180,9 +180,10 @@ def run(replicas: Replicas, grace: float, state_file: str | None, stop: threadin
         elif notice is None and draining is not None:
             log(f"{draining} cleared")
             draining = None
+            replicas.ready()
+            # The marker goes last: while it exists, a replica may still be out of rotation.
             if state_file and os.path.exists(state_file):
                 os.remove(state_file)
-            replicas.ready()
 
 
 def main(argv: list[str]) -> int:

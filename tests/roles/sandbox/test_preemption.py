@@ -206,7 +206,9 @@ def test_cleared_notice_brings_the_replica_back(spot_host, sandbox_host):
     _, _, _, endpoint = spot_host
     flip(sandbox_host, "instance/preempted", "FALSE")
     wait_until(lambda: health(endpoint) == 200, 60, "/health to be 200 again")
-    assert not sandbox_host.file("/run/gemmaserve-preemption/notice").exists
+    # The unit removes its marker once every replica is back in rotation, just after /health turns 200.
+    wait_until(lambda: not sandbox_host.file("/run/gemmaserve-preemption/notice").exists, 10, "the notice marker to go")
+    assert "notice cleared: replicas ready again" in sandbox_host.run(f"journalctl -u {UNIT} --no-pager -o cat").stdout
 
 
 def test_a_host_that_is_not_preemptible_loses_the_unit(spot_host, sandbox_host):
