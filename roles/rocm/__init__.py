@@ -19,9 +19,10 @@ from roles._lib.settings import RoleSettings
 
 class Settings(RoleSettings):
     prefix = "rocm_"
-    # vLLM's ROCm wheels are built against ROCm 7.2.1 (https://wheels.vllm.ai/rocm/).
-    version: str = "7.2.1"
-    # amdgpu-install's .deb name; None derives it from rocm_version (7.2.1 -> amdgpu-install_7.2.1.70201-1_all.deb).
+    # The ROCm release vLLM 0.32.0's ROCm wheels are built on (rocm723: see gemmaserve/engines.py).
+    version: str = "7.2.3"
+    # amdgpu-install's .deb name; None derives it from rocm_version (7.2.3 -> amdgpu-install_7.2.3.70203-1_all.deb,
+    # the name AMD's quick-start and published install scripts fetch from repo.radeon.com/amdgpu-install/7.2.3/).
     installer_deb: str | None = None
     # Bare-metal Instinct hosts run AMD's amdgpu DKMS driver; False keeps the distribution kernel's amdgpu
     # (e.g. a VM image that ships it), so only ROCm userspace is installed and no reboot is ever needed.
@@ -97,7 +98,7 @@ class RocmSmiGpus(FactBase[int | None]):
 
 
 def installer_deb(version: str) -> str:
-    """ROCm 7 names the installer with its release and a 5-digit build: 7.2.1 -> ..._7.2.1.70201-1_all.deb."""
+    """ROCm 7 names the installer with its release and a 5-digit build: 7.2.3 -> ..._7.2.3.70203-1_all.deb."""
     major, minor, patch = (int(p) for p in (version.split(".") + ["0", "0"])[:3])
     return f"amdgpu-install_{version}.{major}{minor:02d}{patch:02d}-1_all.deb"
 

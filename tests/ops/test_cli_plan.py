@@ -64,8 +64,8 @@ def test_json_engine_is_what_the_host_installs():
     }
     amd = json.loads(gemmaserve("plan", "--model", "31b", "--accelerator", "mi300x", "--json").stdout)["engine"]
     # The ROCm build's local version exists only on vLLM's ROCm index: no silent fall back to PyPI's CUDA wheel.
-    assert amd["requirements"] == ["vllm==0.32.0+rocm721", "transformers==5.19.0"]
-    assert amd["index_urls"] == ["https://wheels.vllm.ai/rocm/0.32.0/rocm721", "https://pypi.org/simple"]
+    assert amd["requirements"] == ["vllm==0.32.0+rocm723", "transformers==5.19.0"]
+    assert amd["index_urls"] == ["https://wheels.vllm.ai/rocm/0.32.0/rocm723", "https://pypi.org/simple"]
     tpu = json.loads(gemmaserve("plan", "--stack", "tpu-v6e4", "--json").stdout)["engine"]
     assert (tpu["kind"], tpu["image"], tpu["requirements"]) == ("container", "vllm/vllm-tpu:v0.32.0", [])
 

@@ -4,12 +4,10 @@ served by podman from the locally built image (run by digest), through the same 
 The tests that hold for both engines are imported from test_deploy.py and test_resilience.py and run here
 again against this module's fixtures (pytest resolves a test's fixtures where it is collected); the
 tests below them are about containers only: the image, the runtime's confinement, bad input, the real
-podman CLI given GPU device requests, and the registry credential helper. Two tests of
-test_resilience.py are not run again here, to keep CI's time (about 5 and 8 minutes in container mode): the
-reboot under load (a reboot stops a container replica through the same unit stop that
-test_plain_stop_under_load_finishes_every_accepted_request drives) and the deploy's rolling restart (the
-same drain/restart operations for both engines; a container replica's restart is what
-test_sigkilled_replica_loses_no_request_and_is_restarted drives).
+podman CLI given GPU device requests, and the registry credential helper. Every resilience test of
+test_resilience.py runs here too but the unchanged-replica and scale-down ones (deploy decisions that do
+not depend on the engine) and the plain reboot (the reboot under load covers it: both replicas back UP and
+serving after the boot).
 """
 
 from __future__ import annotations
@@ -53,6 +51,8 @@ from tests.roles.sandbox.test_resilience import (  # noqa: F401 - tests collecte
     haproxy_status,
     test_both_replicas_serve_behind_haproxy,
     test_plain_stop_under_load_finishes_every_accepted_request,
+    test_reboot_under_load_with_a_second_host_serving,
+    test_rolling_restart_keeps_serving_and_restarts_every_changed_replica,
     test_sigkilled_replica_loses_no_request_and_is_restarted,
     test_token_and_api_key_absent,
     test_token_and_api_key_absent_from_pyinfra_output,
