@@ -1,11 +1,13 @@
-"""Monitoring: Prometheus scraping every replica's /metrics, HAProxy's exporter and, on NVIDIA hosts, DCGM's
-exporter, with alerts on a full KV cache, queued requests, replicas out of rotation and GPU health (XID
-errors, ECC and row-remap failures, thermal throttling, NVLink errors)."""
+"""Monitoring: Prometheus scraping every replica's /metrics, HAProxy's exporter and the accelerator's
+telemetry (DCGM's exporter on NVIDIA, AMD's Device Metrics Exporter on Instinct, libtpu's runtime metrics on
+TPU VMs), with alerts on a full KV cache, queued requests, replicas out of rotation and device health."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
+from pydantic import Field
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
@@ -17,9 +19,13 @@ from roles._lib.managed import managed_directory, managed_file, managed_service
 from roles._lib.programs import program_source
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings
+from roles.monitoring.amd import install_amd_exporter
+from roles.monitoring.tpu import install_tpu_exporter
 from roles.router import Settings as RouterSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
+# An exporter's address: an IPv4 address and a port (loopback unless Prometheus scrapes from elsewhere).
+Listen = Annotated[str, Field(pattern=r"^\d{1,3}(\.\d{1,3}){3}:\d{1,5}$")]
 CONFIG = "/etc/prometheus/prometheus.yml"
 RULES_DIR = "/etc/prometheus/rules.d"
 RULES = f"{RULES_DIR}/gemmaserve.yml"
@@ -50,6 +56,17 @@ class Settings(RoleSettings):
     thermal_for: str = "5m"
     # Where dcgm-exporter listens on NVIDIA hosts (its default is :9400 on every address).
     dcgm_listen: str = "127.0.0.1:9400"
+    # AMD's Device Metrics Exporter release (its apt repository path) and address on AMD hosts (its
+    # default is port 5000 on every address).
+    amd_exporter_version: str = "1.5.1"
+    amd_exporter_listen: Listen = "127.0.0.1:5000"
+    # tpu-info (PyPI) behind gemmaserve's TPU exporter on TPU VMs, and where that exporter listens.
+    tpu_info_version: str = "0.14.2"
+    tpu_exporter_listen: Listen = "127.0.0.1:9471"
+    # HBM in use past this share of the chip's HBM is an alert (vLLM reserves most of it up front).
+    tpu_hbm_threshold: Annotated[float, Field(gt=0, le=1)] = 0.97
+    # How long a TPU may sit idle (duty cycle 0) while vLLM reports running requests.
+    tpu_stall_for: str = "5m"
 
 
 def prometheus_config(
@@ -69,11 +86,14 @@ def prometheus_config(
         listen=settings.listen,
         haproxy_stats_port=router.stats_port,
         dcgm_exporter=settings.dcgm_listen if serving.accelerator.vendor == "nvidia" else None,
+        amd_exporter=settings.amd_exporter_listen if serving.accelerator.vendor == "amd" else None,
+        tpu_exporter=settings.tpu_exporter_listen if serving.accelerator.vendor == "google" else None,
     )
 
 
 def alert_rules(serving: Plan, settings: Settings = Settings()) -> str:
-    """The alert rules: KV cache past the threshold, requests waiting, a replica down or out of rotation."""
+    """The alert rules: KV cache past the threshold, requests waiting, a replica down or out of rotation, and
+    the health of this plan's accelerator (NVIDIA, AMD or TPU)."""
     return render(
         TEMPLATES / "gemmaserve.rules.yml.j2",
         replicas=serving.replicas,
@@ -82,6 +102,10 @@ def alert_rules(serving: Plan, settings: Settings = Settings()) -> str:
         down_for=settings.down_for,
         thermal_for=settings.thermal_for,
         gpu_rules=serving.accelerator.vendor == "nvidia",
+        amd_rules=serving.accelerator.vendor == "amd",
+        tpu_rules=serving.accelerator.vendor == "google",
+        tpu_hbm_threshold=settings.tpu_hbm_threshold,
+        tpu_stall_for=settings.tpu_stall_for,
     )
 
 
@@ -157,6 +181,24 @@ def monitoring(serving: Plan) -> None:
     )
     if serving.accelerator.vendor == "nvidia":
         _dcgm(settings)
+    elif serving.accelerator.vendor == "amd":
+        _amd(settings)
+    elif serving.accelerator.vendor == "google":
+        install_tpu_exporter(serving.accelerator.name, settings.tpu_exporter_listen, settings.tpu_info_version)
+
+
+def _amd(settings: Settings) -> None:
+    """AMD's Device Metrics Exporter from its pinned apt repository; running once amdgpu is loaded."""
+    from pyinfra.facts.server import LinuxDistribution
+
+    from roles.rocm import AmdgpuModule, ubuntu_codename
+
+    install_amd_exporter(
+        version=settings.amd_exporter_version,
+        codename=ubuntu_codename(host.get_fact(LinuxDistribution)),
+        listen=settings.amd_exporter_listen,
+        driver_loaded=host.get_fact(AmdgpuModule) is not None,
+    )
 
 
 def _dcgm(settings: Settings) -> None:
