@@ -26,6 +26,8 @@ from roles.router import Settings as RouterSettings
 TEMPLATES = Path(__file__).parent / "templates"
 # An exporter's address: an IPv4 address and a port (loopback unless Prometheus scrapes from elsewhere).
 Listen = Annotated[str, Field(pattern=r"^\d{1,3}(\.\d{1,3}){3}:\d{1,5}$")]
+# A release number; it lands in an apt repository path and a pip requirement.
+Release = Annotated[str, Field(pattern=r"^\d+(\.\d+){1,3}$")]
 CONFIG = "/etc/prometheus/prometheus.yml"
 RULES_DIR = "/etc/prometheus/rules.d"
 RULES = f"{RULES_DIR}/gemmaserve.yml"
@@ -58,10 +60,10 @@ class Settings(RoleSettings):
     dcgm_listen: str = "127.0.0.1:9400"
     # AMD's Device Metrics Exporter release (its apt repository path) and address on AMD hosts (its
     # default is port 5000 on every address).
-    amd_exporter_version: str = "1.5.1"
+    amd_exporter_version: Release = "1.5.1"
     amd_exporter_listen: Listen = "127.0.0.1:5000"
     # tpu-info (PyPI) behind gemmaserve's TPU exporter on TPU VMs, and where that exporter listens.
-    tpu_info_version: str = "0.14.2"
+    tpu_info_version: Release = "0.14.2"
     tpu_exporter_listen: Listen = "127.0.0.1:9471"
     # HBM in use past this share of the chip's HBM is an alert (vLLM reserves most of it up front).
     tpu_hbm_threshold: Annotated[float, Field(gt=0, le=1)] = 0.97
