@@ -5,7 +5,7 @@ TPU VMs), with alerts on a full KV cache, queued requests, replicas out of rotat
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 from pyinfra import host
@@ -62,8 +62,9 @@ class Settings(RoleSettings):
     # default is port 5000 on every address).
     amd_exporter_version: Release = "1.5.1"
     amd_exporter_listen: Listen = "127.0.0.1:5000"
-    # tpu-info (PyPI) behind gemmaserve's TPU exporter on TPU VMs, and where that exporter listens.
-    tpu_info_version: Release = "0.14.2"
+    # tpu-info (PyPI) behind gemmaserve's TPU exporter on TPU VMs (a release whose dependencies are pinned in
+    # roles/monitoring/tpu.py TPU_INFO_REQUIREMENTS), and where that exporter listens.
+    tpu_info_version: Literal["0.14.2"] = "0.14.2"
     tpu_exporter_listen: Listen = "127.0.0.1:9471"
     # HBM in use past this share of the chip's HBM is an alert (vLLM reserves most of it up front).
     tpu_hbm_threshold: Annotated[float, Field(gt=0, le=1)] = 0.97

@@ -23,6 +23,24 @@ VENV_ROOT = "/opt/gemmaserve/venvs"
 # libtpu's runtime metrics service, where tpu-info reads it (tpu_info/metrics.py, tpu-info 0.14.2:
 # get_chip_usage(addr="localhost:8431")); it answers only while a process (vLLM) holds the TPU.
 LIBTPU_METRICS = "localhost:8431"
+# tpu-info and everything it needs, exact: `uv pip compile` of these lines gives back the same set for
+# Python 3.10 and 3.12 on x86_64 Linux (TPU VM images: Ubuntu 22.04 and 24.04), and the exporter's tests run
+# against a venv built from them (tests/roles/files/test_tpu_metrics_exporter.py).
+TPU_INFO_REQUIREMENTS = {
+    "0.14.2": (
+        "tpu-info==0.14.2",
+        "grpcio==1.85.1",
+        "immutabledict==4.3.1",
+        "markdown-it-py==4.3.0",
+        "mdurl==0.1.2",
+        "packaging==26.3",
+        "prometheus-client==0.26.0",
+        "protobuf==7.36.2",
+        "pygments==2.21.0",
+        "rich==15.0.0",
+        "typing-extensions==4.16.0",
+    ),
+}
 # gemmaserve's accelerator -> tpu-info's chip name (TpuChip in tpu_info/device.py, tpu-info 0.14.2).
 CHIP_TYPES = {"tpu-v5e": "v5e", "tpu-v6e": "v6e", "tpu-v7": "7x"}
 
@@ -60,13 +78,14 @@ def installed_tpu_info(venv: str) -> str | None:
 
 @operation()
 def tpu_info_venv(venv: str, version: str):
-    """A venv holding the pinned tpu-info (from PyPI); rebuilt from scratch when the pin moves."""
+    """A venv holding the pinned tpu-info and its pinned dependencies (from PyPI); rebuilt when the pin moves."""
     installed = installed_tpu_info(venv)
     if installed == version:
         host.noop(f"{venv} has tpu-info {installed}")
         return
+    requirements = " ".join(TPU_INFO_REQUIREMENTS[version])
     # Built in place: a failed install leaves no tpu-info version behind, so the next run rebuilds it.
-    yield f"rm -rf {venv} && python3 -m venv {venv} && {venv}/bin/pip install --quiet tpu-info=={version}"
+    yield f"rm -rf {venv} && python3 -m venv {venv} && {venv}/bin/pip install --quiet --no-deps {requirements}"
 
 
 def install_tpu_exporter(accelerator: str, listen: str, tpu_info_version: str) -> None:

@@ -3,6 +3,8 @@ tpu-info's own libtpu proto stubs: what Prometheus scrapes, and what it scrapes 
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -10,12 +12,15 @@ import threading
 import time
 import urllib.request
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from roles._lib.programs import program_source
+from roles.monitoring import Settings
+from roles.monitoring.tpu import TPU_INFO_REQUIREMENTS
 
 from .programs import load
 
@@ -123,12 +128,57 @@ def test_unknown_chip_type_is_named() -> None:
         exporter.chip_type("v9z")
 
 
-def test_program_serves_metrics_over_http(libtpu) -> None:
-    """The program as systemd runs it (its own process, flags as the unit passes them), scraped over HTTP."""
+UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+PINNED = TPU_INFO_REQUIREMENTS[Settings().tpu_info_version]
+
+
+def uv(*args: str, **options) -> subprocess.CompletedProcess:
+    if UV is None:
+        pytest.fail("uv is missing: pip install -e '.[test]' installs the pinned release")
+    # Only PyPI, not this machine's pip/uv configuration (as tests/unit/test_engine_resolver.py does).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_INDEX", "UV_EXTRA", "PIP_"))}
+    return subprocess.run(
+        [UV, *args], capture_output=True, text=True, timeout=600, env={**env, "UV_NO_CONFIG": "1"}, **options
+    )
+
+
+@pytest.mark.parametrize("python", ["3.10", "3.12"])
+def test_pinned_requirements_are_the_whole_closure(python: str) -> None:
+    """The real resolver, given the role's pins, needs nothing more and changes nothing (TPU VM images carry
+    Python 3.10 or 3.12): `pip install --no-deps` of these lines is a complete, consistent tpu-info."""
+    result = uv(
+        "pip", "compile", "-", "--no-header", "--no-annotate", "--quiet", "--no-python-downloads",
+        "--python-version", python, "--python-platform", "x86_64-manylinux_2_28",
+        "--index-url", "https://pypi.org/simple",
+        input="\n".join(PINNED) + "\n",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert sorted(line for line in result.stdout.splitlines() if "==" in line) == sorted(PINNED)
+
+
+@pytest.fixture(scope="module")
+def pinned_python(tmp_path_factory) -> str:
+    """A venv holding exactly the role's pins (from PyPI, as the role installs them on a TPU VM)."""
+    venv = tmp_path_factory.mktemp("tpu-info") / "venv"
+    made = uv("venv", "--quiet", "--python", sys.executable, str(venv))
+    assert made.returncode == 0, made.stderr
+    installed = uv(
+        "pip", "install", "--quiet", "--no-deps", "--python", str(venv / "bin" / "python"),
+        "--index-url", "https://pypi.org/simple", *PINNED,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    return str(venv / "bin" / "python")
+
+
+@pytest.mark.parametrize("python", ["this venv", "the role's pins"])
+def test_program_serves_metrics_over_http(libtpu, python, request) -> None:
+    """The program as systemd runs it (its own process, flags as the unit passes them), scraped over HTTP;
+    under the role's exact pins too (protobuf 7 reading tpu-info's generated code)."""
     address, _, _ = libtpu
+    interpreter = sys.executable if python == "this venv" else request.getfixturevalue("pinned_python")
     listen = f"127.0.0.1:{free_port()}"
     program = subprocess.Popen(
-        [sys.executable, str(program_source("monitoring", "tpu_metrics_exporter.py")), "--listen", listen]
+        [interpreter, str(program_source("monitoring", "tpu_metrics_exporter.py")), "--listen", listen]
         + ["--libtpu", address, "--chip-type", "v6e"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
