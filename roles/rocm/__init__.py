@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 
+from pydantic import field_validator
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
 from pyinfra.facts.files import FileContents
-from pyinfra.facts.server import LinuxDistribution, Users
+from pyinfra.facts.server import Groups, LinuxDistribution, Users
+from pyinfra.operations import server
 
 from gemmaserve.plan import Plan
 from roles._lib.apt import APT_GET, install_packages, installed_version, upstream_version
@@ -29,16 +31,33 @@ class Settings(RoleSettings):
     dkms: bool = True
     # None: follow gemmaserve_allow_reboot (default False).
     allow_reboot: bool | None = None
+    # Where repo.radeon.com's tree is read from: AMD's server, a mirror of it, or a local copy (file:///...,
+    # as the sandbox tests use). The installer is fetched from <repo_base>/amdgpu-install/<release>/ubuntu/...
+    repo_base: str = "https://repo.radeon.com"
+
+    @field_validator("repo_base")
+    @classmethod
+    def _repo_base_is_a_url(cls, value: str) -> str:
+        if not re.fullmatch(r"(https?://[^/\s]+|file://)(/[^\s]*)?", value) or value.endswith("/"):
+            raise ValueError(
+                "must be an http(s):// or file:/// URL of repo.radeon.com's tree, without a trailing slash "
+                "(e.g. https://repo.radeon.com)"
+            )
+        return value
 
 
 SUPPORTED = {"mi300x", "mi325x", "mi355x"}
 # What amdgpu-install registers: "deb [...] https://repo.radeon.com/rocm/apt/<release> <codename> main"
 # (the repositories apt reads after `amdgpu-install`, e.g. "Get: https://repo.radeon.com/rocm/apt/6.4.1
 # jammy InRelease" in published install logs). Its own package version never names the ROCm release
-# (dpkg shows e.g. 30.20.1.0.30200100-2255209.24.04 for ROCm 7.1's installer), so the repository line is
-# what says which release is configured.
+# (dpkg shows 30.30.1.0.30300100-2303411.24.04 for ROCm 7.2.1's installer, github.com/ROCm/ROCm/issues/6101),
+# so the repository line is what says which release is configured.
 ROCM_LIST = "/etc/apt/sources.list.d/rocm.list"
-INSTALLER_URL = "https://repo.radeon.com/amdgpu-install/{version}/ubuntu/{codename}/{deb}"
+INSTALLER_URL = "{base}/amdgpu-install/{version}/ubuntu/{codename}/{deb}"
+# ROCm's packages install under /opt/rocm-<release>, reached through the /opt/rocm alternative rocm-core's
+# postinst registers (rocm-core.postinst at github.com/ROCm/rocm-core); nothing puts rocm-smi on PATH
+# (ROCm's post-install steps: "set the PATH variable to /opt/rocm-<ver>/bin").
+ROCM_SMI = "/opt/rocm/bin/rocm-smi"
 # ROCm publishes Ubuntu builds; Debian 12 installs the jammy ones (ROCm's Debian instructions do the same).
 CODENAMES = {("ubuntu", "22.04"): "jammy", ("ubuntu", "24.04"): "noble", ("debian", "12"): "jammy"}
 # What a ROCm container needs from the host (the `docker run` of https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html): the compute and render device
@@ -89,7 +108,10 @@ class RocmSmiGpus(FactBase[int | None]):
     """
 
     def command(self) -> str:
-        return "command -v rocm-smi >/dev/null 2>&1 && rocm-smi 2>/dev/null || true"
+        return (
+            f"if [ -x {ROCM_SMI} ]; then {ROCM_SMI} 2>/dev/null; "
+            "elif command -v rocm-smi >/dev/null 2>&1; then rocm-smi 2>/dev/null; fi; true"
+        )
 
     def process(self, output: list[str]) -> int | None:
         if not any("ROCm System Management Interface" in line for line in output):
@@ -108,22 +130,23 @@ def ubuntu_codename(distribution: dict) -> str:
 
 
 def configured_release(lines: list[str] | None) -> str | None:
-    """The ROCm release rocm.list points apt at (repo.radeon.com/rocm/apt/<release>), or None."""
+    """The ROCm release rocm.list points apt at (<repo base>/rocm/apt/<release>), or None. Any base counts:
+    AMD's installer writes repo.radeon.com even when it was fetched from a mirror."""
     for line in lines or []:
-        match = re.search(r"repo\.radeon\.com/rocm/apt/([0-9.]+)\s", line)
-        if match and not line.lstrip().startswith("#"):
+        match = re.match(r"\s*deb\s.*/rocm/apt/([0-9.]+)\s", line)
+        if match:
             return match.group(1)
     return None
 
 
 @operation()
-def rocm_release(version: str, dkms: bool, deb: str | None = None):
+def rocm_release(version: str, dkms: bool, deb: str | None = None, repo_base: str = "https://repo.radeon.com"):
     """Install amdgpu-install for the pinned ROCm release, then ROCm (and the amdgpu DKMS driver)."""
     codename = ubuntu_codename(host.get_fact(LinuxDistribution))
     deb = deb or installer_deb(version)
     changed = False
     if configured_release(host.get_fact(FileContents, path=ROCM_LIST)) != version:
-        url = INSTALLER_URL.format(version=version, codename=codename, deb=deb)
+        url = INSTALLER_URL.format(base=repo_base, version=version, codename=codename, deb=deb)
         yield f"curl -fsSL -o /tmp/{deb} {url} && {APT_GET} --allow-downgrades install /tmp/{deb} && rm -f /tmp/{deb}"
         yield f"{APT_GET} update"
         changed = True
@@ -140,12 +163,18 @@ def rocm_release(version: str, dkms: bool, deb: str | None = None):
 
 @operation()
 def device_groups(user: str = SERVICE_USER, groups: tuple[str, ...] = DEVICE_GROUPS):
-    """Add the service user to the groups owning /dev/kfd and /dev/dri/renderD*."""
+    """Add the service user to the groups owning /dev/kfd and /dev/dri/renderD*, creating a group the host
+    lacks: udev gives the GPU nodes to `render` (systemd's 50-udev-default.rules), but a host without udev
+    (a minimal image, a container) has no such group and usermod would fail."""
     account = host.get_fact(Users).get(user)
     missing = [g for g in groups if account is None or g not in (account.get("groups") or [])]
     if not missing:
         host.noop(f"{user} is in {', '.join(groups)}")
         return
+    existing = set(host.get_fact(Groups))
+    for group in missing:
+        if group not in existing:
+            yield from server.group._inner(group=group, system=True)
     # The user may be created by the base role in this same deploy, so this runs by name, not by fact.
     yield f"usermod -aG {','.join(missing)} {user}"
 
@@ -189,6 +218,7 @@ def rocm(serving: Plan) -> None:
         version=version,
         dkms=dkms,
         deb=settings.installer_deb,
+        repo_base=settings.repo_base,
     )
     device_groups(name=f"Add {SERVICE_USER} to the render and video groups")
     reboot_for_amdgpu(
