@@ -81,6 +81,10 @@ class Deb:
     conflicts: str = ""
     files: dict[str, str] = field(default_factory=dict)
     executables: tuple[str, ...] = ()
+    section: str = "NVIDIA"
+    # Maintainer scripts (postinst, prerm, ...) by name, and the files dpkg keeps as conffiles.
+    scripts: dict[str, str] = field(default_factory=dict)
+    conffiles: tuple[str, ...] = ()
 
 
 def driver_packages(version: str) -> list[Deb]:
@@ -207,7 +211,7 @@ def build_deb(deb: Deb, out: Path) -> Path:
             f"Version: {deb.version}",
             f"Architecture: {deb.arch}",
             "Maintainer: gemmaserve sandbox <sandbox@gemmaserve.invalid>",
-            "Section: NVIDIA",
+            f"Section: {deb.section}",
             "Priority: optional",
         ]
         for key, value in (("Depends", deb.depends), ("Provides", deb.provides), ("Conflicts", deb.conflicts)):
@@ -217,6 +221,11 @@ def build_deb(deb: Deb, out: Path) -> Path:
             control.append(f"Replaces: {deb.conflicts}")
         control.append(f"Description: {deb.name} (gemmaserve sandbox stand-in)\n Fields from: {deb.source}")
         (root / "DEBIAN" / "control").write_text("\n".join(control) + "\n")
+        for script, text in deb.scripts.items():
+            (root / "DEBIAN" / script).write_text(text)
+            (root / "DEBIAN" / script).chmod(0o755)
+        if deb.conffiles:
+            (root / "DEBIAN" / "conffiles").write_text("".join(f"{path}\n" for path in deb.conffiles))
         for path, content in deb.files.items():
             target = root / path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,334 @@
+"""A local, signed stand-in for repo.radeon.com's ROCm 7.2.1 tree, so the rocm role runs for real (not --dry)
+on a sandbox host. The directory tree is repo.radeon.com's (amdgpu-install/<release>/ubuntu/<codename>/,
+rocm/apt/<release>, amdgpu/<version>/ubuntu, graphics/<release>/ubuntu), for jammy, the build the role
+installs on Debian 12. Package names, versions and relations are the published ones where a public record of
+them exists; every stanza says where its fields come from, and what is a stand-in.
+
+What the packages contain is not AMD's: no kernel module, no libraries. `rocm-smi` prints the recorded output
+of a real 4 x MI300X host (tests/roles/fixtures/recorded/mi300x_rocm_smi.txt), `amdgpu-install` is a shell
+stand-in that runs the same apt-get AMD's does for the options gemmaserve uses, amdgpu-dkms builds nothing.
+
+Sources, cited once here and by name below:
+  [install-docs]  ROCm's "Ubuntu native installation" (github.com/ROCm/rocm-install-on-linux,
+                  docs/install/install-methods/package-manager/package-manager-ubuntu.rst): rocm.list's line
+                  and the repo.radeon.com pin at priority 600.
+  [6156]          github.com/ROCm/ROCm/issues/6156: amdgpu-install writes amdgpu.list as "deb [arch=amd64,i386
+                  signed-by=/etc/apt/keyrings/rocm.gpg] https://repo.radeon.com/amdgpu/<version>/ubuntu <codename>
+                  main" and a graphics/<release> line into rocm.list; 30.30.1 is ROCm 7.2.1's amdgpu repository.
+  [6101]          github.com/ROCm/ROCm/issues/6101: a ROCm 7.2.1 host's `apt list`: rocm 7.2.1.70201-81~24.04,
+                  amdgpu-dkms 1:6.16.13.30300100-2303411.24.04 (all), amdgpu-dkms-firmware
+                  30.30.1.0.30300100-2303411.24.04 (all), and ROCm 7.2.1's amdgpu-install 30.30.1.0.30300100-...
+  [5590]          github.com/ROCm/ROCm/issues/5590 (comment of 2025-11-02): apt's "rocm : Depends: ..." for ROCm
+                  7.1.0, every dependency pinned with "(= <module version>.70100-20~24.04)".
+  [aur]           AUR opencl-amd-dev 1:7.2.1-1 PKGBUILD: its sources are repo.radeon.com/rocm/apt/7.2.1 pool
+                  files, naming each 7.2.1 module version (half 1.12.0, rpp 2.2.1, mivisionx 3.5.0, miopen-hip
+                  3.5.1, migraphx 2.15.0, rocm-llvm 22.0.0.26084, rocm-cmake 0.14.0).
+  [dpkg]          a published `dpkg-query -W` of a ROCm 7.2.1 Ubuntu 24.04 host (found by code search; its
+                  repository is not named there): rocm-core, rocm-hip, rocm-openmp, rocm-opencl-sdk,
+                  rocm-developer-tools 7.2.1, rocminfo 1.0.0, rocm-smi-lib 7.8.0, all .70201-81~24.04.
+  [rocm-core]     github.com/ROCm/rocm-core: CMakeLists.txt writes .info/version as "<major>.<minor>.<patch>",
+                  Depends "python3, libc6"; rocm-core.postinst registers /opt/rocm as an alternative.
+The jammy builds carry "~22.04" (rocm/apt) and ".22.04" (amdgpu) where noble's carry "~24.04"/".24.04":
+published jammy 7.2.1 pins (rocm-utils=7.2.1.70201-81~22.04, rocm-cmake=0.14.0.70201-81~22.04) and every
+earlier amdgpu release (e.g. amdgpu-dkms 1:5.18.13.50403-1538762.22.04, github.com/ROCm/ROCm/issues/1624)
+follow that pattern; the jammy amdgpu-* versions below are derived from noble's that way.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import subprocess
+from email.utils import formatdate
+from pathlib import Path
+
+from tests.roles.sandbox.cuda_repo import RECORDED, Deb, build_deb
+
+MOUNT = "/srv/gemmaserve-rocm-repo"
+BASE = f"file://{MOUNT}"
+RELEASE = "7.2.1"
+CODENAME = "jammy"
+AMDGPU = "30.30.1"  # [6156]
+ROCM_BUILD = "70201-81~22.04"
+AMDGPU_BUILD = "30300100-2303411.22.04"
+INSTALLER_VERSION = f"{AMDGPU}.0.{AMDGPU_BUILD}"  # [6101], jammy suffix
+DKMS_VERSION = f"1:6.16.13.{AMDGPU_BUILD}"  # [6101], jammy suffix
+ROCM_VERSION = f"{RELEASE}.{ROCM_BUILD}"
+PREFIX = f"/opt/rocm-{RELEASE}"
+# The published file name of ROCm 7.2.1's installer (repo.radeon.com/amdgpu-install/7.2.1/ubuntu/<codename>/):
+# named for the release, while its dpkg Version is the amdgpu one ([6101]).
+INSTALLER_DEB = "amdgpu-install_7.2.1.70201-1_all.deb"
+# Where the distribution's own packages come from in this stand-in (the headers of the sandbox's kernel).
+HEADERS_DIR = "kernel-headers"
+
+# `rocm`'s Depends as apt printed them for 7.1.0 [5590], each at its 7.2.1 module version ([aur], [dpkg]).
+ROCM_DEPENDS = {
+    "rocminfo": "1.0.0",
+    "rocm-cmake": "0.14.0",
+    "rocm-developer-tools": RELEASE,
+    "rocm-openmp": RELEASE,
+    "rocm-opencl-sdk": RELEASE,
+    "rocm-hip": RELEASE,
+    "mivisionx": "3.5.0",
+    "migraphx": "2.15.0",
+    "rpp": "2.2.1",
+    "rocm-core": RELEASE,
+    "miopen-hip": "3.5.1",
+    "half": "1.12.0",
+    "rocm-llvm": "22.0.0.26084",
+    "migraphx-dev": "2.15.0",
+    "mivisionx-dev": "3.5.0",
+    "rpp-dev": "2.2.1",
+    "miopen-hip-dev": "3.5.1",
+}
+ROCM_SMI_LIB = "7.8.0"  # [dpkg]
+
+# amdgpu-install's use cases and the meta package each installs (ROCm's meta-package table, "Legacy use case"
+# column: docs/install/install-methods/includes/meta-package-table.rst); dkms adds the kernel driver.
+AMDGPU_INSTALL = f"""\
+#!/bin/sh
+# gemmaserve sandbox stand-in for AMD's amdgpu-install ({INSTALLER_DEB}): the options gemmaserve uses, and the
+# apt-get AMD's runs for them ("apt-get install -y <meta packages> amdgpu-dkms linux-headers-<kernel>" in
+# its published --dryrun output). Unknown options fail, so a wrong call is caught.
+set -e
+yes="" dkms=1 dryrun=0 usecases=""
+for arg in "$@"; do
+  case "$arg" in
+    -y) yes="-y" ;;
+    --usecase=*) usecases="${{arg#--usecase=}}" ;;
+    --no-dkms) dkms=0 ;;
+    --no-32|--accept-eula) ;;
+    --dryrun) dryrun=1 ;;
+    *) echo "amdgpu-install (sandbox stand-in): unsupported option $arg" >&2; exit 2 ;;
+  esac
+done
+[ -n "$usecases" ] || {{ echo "amdgpu-install (sandbox stand-in): give --usecase=" >&2; exit 2; }}
+packages=""
+for usecase in $(echo "$usecases" | tr , ' '); do
+  case "$usecase" in
+    rocm) packages="$packages rocm" ;;
+    hip) packages="$packages rocm-hip-runtime" ;;
+    lrt) packages="$packages rocm-language-runtime" ;;
+    opencl) packages="$packages rocm-opencl-runtime" ;;
+    mllib) packages="$packages rocm-ml-libraries" ;;
+    hiplibsdk) packages="$packages rocm-hip-sdk" ;;
+    mlsdk) packages="$packages rocm-ml-sdk" ;;
+    graphics) packages="$packages amdgpu-lib" ;;
+    dkms) ;;
+    *) echo "amdgpu-install (sandbox stand-in): unknown use case $usecase" >&2; exit 2 ;;
+  esac
+done
+[ "$dkms" = 0 ] || packages="$packages amdgpu-dkms linux-headers-$(uname -r)"
+if [ "$dryrun" = 1 ]; then echo "apt-get install $yes$packages"; exit 0; fi
+DEBIAN_FRONTEND=noninteractive exec apt-get install $yes $packages
+"""
+
+ROCM_SMI = """\
+#!/bin/sh
+# gemmaserve sandbox stand-in: the concise table of a real 4 x MI300X host's `rocm-smi`.
+[ $# -eq 0 ] && exec cat /usr/share/gemmaserve-recorded/rocm-smi.txt
+echo "rocm-smi stand-in: only the concise table (no arguments) is recorded" >&2
+exit 2
+"""
+
+# rocm-core.postinst [rocm-core], without the environment-modules part: /opt/rocm follows the release.
+ROCM_CORE_POSTINST = f"""\
+#!/bin/sh
+set -e
+if [ "$1" = configure ]; then
+  update-alternatives --install /opt/rocm rocm {PREFIX} 7002001
+fi
+"""
+ROCM_CORE_PRERM = f"""\
+#!/bin/sh
+set -e
+if [ "$1" = remove ]; then update-alternatives --remove rocm {PREFIX}; fi
+"""
+DKMS_POSTINST = """\
+#!/bin/sh
+# gemmaserve sandbox stand-in: AMD's postinst builds amdgpu with DKMS for the installed kernels; no module
+# can be built or loaded in a container, so this says so and changes nothing.
+echo "amdgpu-dkms (sandbox stand-in): no module built; a reboot would load AMD's amdgpu on a real host"
+"""
+
+
+def rocm_packages() -> list[Deb]:
+    """rocm/apt/7.2.1 for jammy: `rocm` with its published Depends, the packages it names (empty, except
+    rocm-core's version file and the rocm-smi that rocm-developer-tools pulls in)."""
+    meta = "[5590] relations at [aur]/[dpkg] 7.2.1 versions; empty stand-in"
+    depends = ", ".join(f"{name} (= {version}.{ROCM_BUILD})" for name, version in ROCM_DEPENDS.items())
+    debs = [Deb("rocm", ROCM_VERSION, meta, depends=depends, section="devel")]
+    for name, version in ROCM_DEPENDS.items():
+        if name in ("rocm-core", "rocm-developer-tools"):
+            continue
+        debs.append(
+            Deb(
+                name,
+                f"{version}.{ROCM_BUILD}",
+                "name and version: [5590], [aur]/[dpkg]; empty stand-in",
+                depends=f"rocm-core (= {ROCM_VERSION})",
+                section="devel",
+            )  # fmt: skip
+        )
+    debs.append(
+        Deb(
+            "rocm-core",
+            ROCM_VERSION,
+            "[rocm-core]: .info/version, Depends, postinst's /opt/rocm alternative",
+            depends="python3, libc6",
+            section="devel",
+            files={f"{PREFIX}/.info/version": f"{RELEASE}\n"},
+            scripts={"postinst": ROCM_CORE_POSTINST, "prerm": ROCM_CORE_PRERM},
+        )
+    )
+    # Stand-in relation: rocm-smi-lib is one of the tools rocm-developer-tools gathers in AMD's tree; its exact
+    # Depends line for 7.2.1 is not published where we could read it.
+    debs.append(
+        Deb(
+            "rocm-developer-tools",
+            ROCM_VERSION,
+            "[5590], [dpkg]; Depends: stand-in subset",
+            depends=f"rocm-core (= {ROCM_VERSION}), rocm-smi-lib (= {ROCM_SMI_LIB}.{ROCM_BUILD})",
+            section="devel",
+        )  # fmt: skip
+    )
+    debs.append(
+        Deb(
+            "rocm-smi-lib",
+            f"{ROCM_SMI_LIB}.{ROCM_BUILD}",
+            "name and version: [dpkg]; rocm-smi prints a recorded MI300X table",
+            depends=f"rocm-core (= {ROCM_VERSION})",
+            section="devel",
+            files={
+                f"{PREFIX}/bin/rocm-smi": ROCM_SMI,
+                "/usr/share/gemmaserve-recorded/rocm-smi.txt": (RECORDED / "mi300x_rocm_smi.txt").read_text(),
+            },
+            executables=(f"{PREFIX}/bin/rocm-smi",),
+        )
+    )
+    return debs
+
+
+def amdgpu_packages() -> list[Deb]:
+    """amdgpu/30.30.1 for jammy: the DKMS driver and its firmware, Architecture all ([6101])."""
+    firmware = f"{AMDGPU}.0.{AMDGPU_BUILD}"
+    return [
+        Deb(
+            "amdgpu-dkms",
+            DKMS_VERSION,
+            "[6101]; Depends on its firmware as ROCm/ROCm#5590 describes; builds nothing",
+            arch="all",
+            depends=f"amdgpu-dkms-firmware (= {firmware})",
+            section="misc",
+            scripts={"postinst": DKMS_POSTINST},
+        ),
+        Deb("amdgpu-dkms-firmware", firmware, "[6101]; empty stand-in", arch="all", section="misc"),
+    ]
+
+
+def installer_package(keyring: bytes) -> Deb:
+    """amdgpu-install as AMD ships it: the repository lists, the signing key and the pin as conffiles
+    ([6156], [install-docs]), and /usr/bin/amdgpu-install; pointed at this repository instead of AMD's."""
+    signed = "signed-by=/etc/apt/keyrings/rocm.gpg"
+    files = {
+        "/etc/apt/sources.list.d/rocm.list": (
+            f"deb [arch=amd64 {signed}] {BASE}/rocm/apt/{RELEASE} {CODENAME} main\n"
+            f"deb [arch=amd64 {signed}] {BASE}/graphics/{RELEASE}/ubuntu {CODENAME} main\n"
+        ),
+        "/etc/apt/sources.list.d/amdgpu.list": f"deb [arch=amd64,i386 {signed}] {BASE}/amdgpu/{AMDGPU}/ubuntu {CODENAME} main\n",
+        "/etc/apt/preferences.d/repo-radeon-pin-600": "Package: *\nPin: release o=repo.radeon.com\nPin-Priority: 600\n",
+        "/etc/apt/keyrings/rocm.gpg": keyring,
+        "/usr/bin/amdgpu-install": AMDGPU_INSTALL,
+    }
+    return Deb(
+        "amdgpu-install",
+        INSTALLER_VERSION,
+        "version [6101]; files [6156], [install-docs]; the installer script is a stand-in",
+        arch="all",
+        section="misc",
+        files=files,
+        executables=("/usr/bin/amdgpu-install",),
+        conffiles=tuple(path for path in files if path.startswith("/etc/")),
+    )
+
+
+def headers_package(kernel: str) -> Deb:
+    """The running kernel's headers: a stand-in for the distribution's linux-headers-$(uname -r), which Debian
+    does not publish for the machine's own kernel (sandbox hosts share the outer machine's kernel)."""
+    return Deb(f"linux-headers-{kernel}", "1", "stand-in for the distribution's headers of the sandbox kernel")
+
+
+def index(repo: Path, pool: str, origin: str, suite: str | None) -> Path:
+    """Packages(.gz) and a Release for the .debs under repo/pool: a dists/<suite>/main tree, or flat."""
+    packages = subprocess.run(
+        ["dpkg-scanpackages", "--multiversion", pool], cwd=repo, check=True, capture_output=True
+    ).stdout
+    where = repo / "dists" / suite / "main" / "binary-amd64" if suite else repo
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "Packages").write_bytes(packages)
+    (where / "Packages.gz").write_bytes(gzip.compress(packages))
+    top = repo / "dists" / suite if suite else repo
+    release = [f"Origin: {origin}", "Label: gemmaserve sandbox stand-in", f"Date: {formatdate(usegmt=True)}"]
+    if suite:
+        release += [f"Suite: {suite}", f"Codename: {suite}", "Components: main"]
+    release += ["Architectures: amd64", "SHA256:"]
+    for file in (where / "Packages", where / "Packages.gz"):
+        data = file.read_bytes()
+        release.append(f" {hashlib.sha256(data).hexdigest()} {len(data)} {file.relative_to(top)}")
+    (top / "Release").write_text("\n".join(release) + "\n")
+    return top
+
+
+def build_repo(out: Path, kernel: str) -> Path:
+    """repo.radeon.com's tree for ROCm 7.2.1/jammy in `out`, every index signed (InRelease) with a throwaway
+    key, plus a flat `kernel-headers` repository standing in for the distribution's (same key)."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    gnupg = out.parent / f"{out.name}.gnupg"
+    shutil.rmtree(gnupg, ignore_errors=True)
+    gnupg.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(gnupg)}
+    gpg = ["gpg", "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", ""]
+    subprocess.run(
+        [*gpg, "--quick-gen-key", "gemmaserve sandbox repo.radeon.com stand-in", "ed25519", "sign", "1d"],
+        env=env,
+        check=True,
+    )
+    keyring = subprocess.run([*gpg, "--export"], env=env, check=True, capture_output=True).stdout
+    (out / "keyring.gpg").write_bytes(keyring)
+
+    installer_dir = out / "amdgpu-install" / RELEASE / "ubuntu" / CODENAME
+    installer_dir.mkdir(parents=True)
+    built = build_deb(installer_package(keyring), installer_dir)
+    built.rename(installer_dir / INSTALLER_DEB)
+
+    repos = {
+        out / "rocm" / "apt" / RELEASE: rocm_packages(),
+        out / "amdgpu" / AMDGPU / "ubuntu": amdgpu_packages(),
+        # The graphics repository (Mesa and the like) is registered by amdgpu-install; the rocm use case
+        # needs nothing from it, so it is empty here.
+        out / "graphics" / RELEASE / "ubuntu": [],
+    }
+    tops = []
+    for repo, debs in repos.items():
+        pool = repo / "pool" / "main"
+        pool.mkdir(parents=True)
+        for deb in debs:
+            built = build_deb(deb, pool)
+            # Pool file names carry no epoch (amdgpu-dkms 1:6.16.13... -> amdgpu-dkms_6.16.13..._all.deb).
+            built.rename(built.with_name(built.name.replace(f"_{deb.version}_", f"_{deb.version.split(':')[-1]}_")))
+        tops.append(index(repo, "pool", "repo.radeon.com", CODENAME))
+    headers = out / HEADERS_DIR
+    headers.mkdir()
+    build_deb(headers_package(kernel), headers)
+    tops.append(index(headers, ".", "gemmaserve sandbox", None))
+    for top in tops:
+        subprocess.run(
+            [*gpg, "--yes", "--clearsign", "--output", str(top / "InRelease"), str(top / "Release")],
+            env=env,
+            check=True,
+        )
+    shutil.rmtree(gnupg, ignore_errors=True)
+    return out
