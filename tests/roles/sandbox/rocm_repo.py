@@ -1,7 +1,7 @@
-"""A local, signed stand-in for repo.radeon.com's ROCm 7.2.1 tree, so the rocm role runs for real (not --dry)
-on a sandbox host. The directory tree is repo.radeon.com's (amdgpu-install/<release>/ubuntu/<codename>/,
-rocm/apt/<release>, amdgpu/<version>/ubuntu, graphics/<release>/ubuntu), for jammy, the build the role
-installs on Debian 12. Package names, versions and relations are the published ones where a public record of
+"""A local, signed stand-in for repo.radeon.com's ROCm 7.2.3 tree (the release the rocm role pins), so the
+rocm role runs for real (not --dry) on a sandbox host. The directory tree is repo.radeon.com's
+(amdgpu-install/<release>/ubuntu/<codename>/, rocm/apt/<release>, amdgpu/<version>/ubuntu,
+graphics/<release>/ubuntu), for jammy, the build the role installs on Debian 12. Package names, versions and relations are the published ones where a public record of
 them exists; every stanza says where its fields come from, and what is a stand-in.
 
 What the packages contain is not AMD's: no kernel module, no libraries. `rocm-smi` prints the recorded output
@@ -15,23 +15,33 @@ Sources, cited once here and by name below:
   [6156]          github.com/ROCm/ROCm/issues/6156: amdgpu-install writes amdgpu.list as "deb [arch=amd64,i386
                   signed-by=/etc/apt/keyrings/rocm.gpg] https://repo.radeon.com/amdgpu/<version>/ubuntu <codename>
                   main" and a graphics/<release> line into rocm.list; 30.30.1 is ROCm 7.2.1's amdgpu repository.
-  [6101]          github.com/ROCm/ROCm/issues/6101: a ROCm 7.2.1 host's `apt list`: rocm 7.2.1.70201-81~24.04,
-                  amdgpu-dkms 1:6.16.13.30300100-2303411.24.04 (all), amdgpu-dkms-firmware
-                  30.30.1.0.30300100-2303411.24.04 (all), and ROCm 7.2.1's amdgpu-install 30.30.1.0.30300100-...
+  [6101]          github.com/ROCm/ROCm/issues/6101: a ROCm 7.2.1 host's `apt list`: amdgpu-dkms and
+                  amdgpu-dkms-firmware are Architecture all, at the same amdgpu build as amdgpu-install.
+  [devcloud]      a published AMD Developer Cloud provisioning script for ROCm 7.2.3 on Ubuntu 24.04 (found by
+                  code search; its repository is not named there): amdgpu-install_7.2.3.70203-1_all.deb from
+                  repo.radeon.com/amdgpu-install/7.2.3/ubuntu/<codename>/, dpkg Version
+                  30.30.3.0.30300300-2327507.24.04; amdgpu-dkms 1:6.16.13.30300300-2327507.24.04; rocm and
+                  rocm-core 7.2.3.70203-90~24.04; the installer's files (/etc/apt/keyrings/rocm.gpg,
+                  repo-radeon-pin-600, amdgpu.list, rocm.list, /usr/bin/amdgpu-install; its amdgpu-setup and
+                  amdgpu-proprietary.list are not modelled here).
+  [pool]          published 7.2.3 pins and pool paths: rocm-core_7.2.3.70203-90~22.04_amd64.deb and
+                  rocm-llvm_22.0.0.26084.70203-90~22.04 in rocm/apt/7.2.3/pool (the jammy build), rocminfo
+                  1.0.0, rocm-smi-lib 7.8.0, miopen-hip 3.5.1 at .70203-90~24.04.
   [5590]          github.com/ROCm/ROCm/issues/5590 (comment of 2025-11-02): apt's "rocm : Depends: ..." for ROCm
                   7.1.0, every dependency pinned with "(= <module version>.70100-20~24.04)".
   [aur]           AUR opencl-amd-dev 1:7.2.1-1 PKGBUILD: its sources are repo.radeon.com/rocm/apt/7.2.1 pool
                   files, naming each 7.2.1 module version (half 1.12.0, rpp 2.2.1, mivisionx 3.5.0, miopen-hip
                   3.5.1, migraphx 2.15.0, rocm-llvm 22.0.0.26084, rocm-cmake 0.14.0).
   [dpkg]          a published `dpkg-query -W` of a ROCm 7.2.1 Ubuntu 24.04 host (found by code search; its
-                  repository is not named there): rocm-core, rocm-hip, rocm-openmp, rocm-opencl-sdk,
-                  rocm-developer-tools 7.2.1, rocminfo 1.0.0, rocm-smi-lib 7.8.0, all .70201-81~24.04.
+                  repository is not named there): rocm-hip, rocm-openmp, rocm-opencl-sdk and
+                  rocm-developer-tools carry the release as their version, rocminfo 1.0.0, rocm-smi-lib 7.8.0.
   [rocm-core]     github.com/ROCm/rocm-core: CMakeLists.txt writes .info/version as "<major>.<minor>.<patch>",
                   Depends "python3, libc6"; rocm-core.postinst registers /opt/rocm as an alternative.
-The jammy builds carry "~22.04" (rocm/apt) and ".22.04" (amdgpu) where noble's carry "~24.04"/".24.04":
-published jammy 7.2.1 pins (rocm-utils=7.2.1.70201-81~22.04, rocm-cmake=0.14.0.70201-81~22.04) and every
-earlier amdgpu release (e.g. amdgpu-dkms 1:5.18.13.50403-1538762.22.04, github.com/ROCm/ROCm/issues/1624)
-follow that pattern; the jammy amdgpu-* versions below are derived from noble's that way.
+Derived, not read anywhere: the module versions of mivisionx, rpp, migraphx, half and rocm-cmake at 7.2.3 are
+7.2.1's ([aur]; 7.2.3 keeps 7.2.1's module versions wherever both are published: [pool]); the amdgpu
+repository of 7.2.3 is amdgpu/30.30.3 (the installer's version, as 30.30.1 is 7.2.1's and 30.30.2 7.2.2's,
+[6156]); the jammy amdgpu-* versions end in ".22.04" where noble's end in ".24.04", as every earlier
+amdgpu release's do (e.g. amdgpu-dkms 1:5.18.13.50403-1538762.22.04, github.com/ROCm/legacy-rocm-build/issues/1624).
 """
 
 from __future__ import annotations
@@ -48,22 +58,22 @@ from tests.roles.sandbox.cuda_repo import RECORDED, Deb, build_deb
 
 MOUNT = "/srv/gemmaserve-rocm-repo"
 BASE = f"file://{MOUNT}"
-RELEASE = "7.2.1"
+RELEASE = "7.2.3"
 CODENAME = "jammy"
-AMDGPU = "30.30.1"  # [6156]
-ROCM_BUILD = "70201-81~22.04"
-AMDGPU_BUILD = "30300100-2303411.22.04"
-INSTALLER_VERSION = f"{AMDGPU}.0.{AMDGPU_BUILD}"  # [6101], jammy suffix
-DKMS_VERSION = f"1:6.16.13.{AMDGPU_BUILD}"  # [6101], jammy suffix
+AMDGPU = "30.30.3"  # derived, see above
+ROCM_BUILD = "70203-90~22.04"  # [pool]
+AMDGPU_BUILD = "30300300-2327507.22.04"  # [devcloud], jammy suffix
+INSTALLER_VERSION = f"{AMDGPU}.0.{AMDGPU_BUILD}"  # [devcloud]
+DKMS_VERSION = f"1:6.16.13.{AMDGPU_BUILD}"  # [devcloud]
 ROCM_VERSION = f"{RELEASE}.{ROCM_BUILD}"
 PREFIX = f"/opt/rocm-{RELEASE}"
-# The published file name of ROCm 7.2.1's installer (repo.radeon.com/amdgpu-install/7.2.1/ubuntu/<codename>/):
-# named for the release, while its dpkg Version is the amdgpu one ([6101]).
-INSTALLER_DEB = "amdgpu-install_7.2.1.70201-1_all.deb"
+# The published file name of ROCm 7.2.3's installer ([devcloud]): named for the release, while its dpkg
+# Version is the amdgpu one.
+INSTALLER_DEB = "amdgpu-install_7.2.3.70203-1_all.deb"
 # Where the distribution's own packages come from in this stand-in (the headers of the sandbox's kernel).
 HEADERS_DIR = "kernel-headers"
 
-# `rocm`'s Depends as apt printed them for 7.1.0 [5590], each at its 7.2.1 module version ([aur], [dpkg]).
+# `rocm`'s Depends as apt printed them for 7.1.0 [5590], each at its 7.2.3 module version ([pool], [aur], [dpkg]).
 ROCM_DEPENDS = {
     "rocminfo": "1.0.0",
     "rocm-cmake": "0.14.0",
@@ -83,7 +93,7 @@ ROCM_DEPENDS = {
     "rpp-dev": "2.2.1",
     "miopen-hip-dev": "3.5.1",
 }
-ROCM_SMI_LIB = "7.8.0"  # [dpkg]
+ROCM_SMI_LIB = "7.8.0"  # [pool]
 
 # amdgpu-install's use cases and the meta package each installs (ROCm's meta-package table, "Legacy use case"
 # column: docs/install/install-methods/includes/meta-package-table.rst); dkms adds the kernel driver.
@@ -138,7 +148,7 @@ ROCM_CORE_POSTINST = f"""\
 #!/bin/sh
 set -e
 if [ "$1" = configure ]; then
-  update-alternatives --install /opt/rocm rocm {PREFIX} 7002001
+  update-alternatives --install /opt/rocm rocm {PREFIX} 7003001
 fi
 """
 ROCM_CORE_PRERM = f"""\
@@ -155,9 +165,9 @@ echo "amdgpu-dkms (sandbox stand-in): no module built; a reboot would load AMD's
 
 
 def rocm_packages() -> list[Deb]:
-    """rocm/apt/7.2.1 for jammy: `rocm` with its published Depends, the packages it names (empty, except
+    """rocm/apt/7.2.3 for jammy: `rocm` with its published Depends, the packages it names (empty, except
     rocm-core's version file and the rocm-smi that rocm-developer-tools pulls in)."""
-    meta = "[5590] relations at [aur]/[dpkg] 7.2.1 versions; empty stand-in"
+    meta = "[5590] relations at [pool]/[aur]/[dpkg] versions; empty stand-in"
     depends = ", ".join(f"{name} (= {version}.{ROCM_BUILD})" for name, version in ROCM_DEPENDS.items())
     debs = [Deb("rocm", ROCM_VERSION, meta, depends=depends, section="devel")]
     for name, version in ROCM_DEPENDS.items():
@@ -167,7 +177,7 @@ def rocm_packages() -> list[Deb]:
             Deb(
                 name,
                 f"{version}.{ROCM_BUILD}",
-                "name and version: [5590], [aur]/[dpkg]; empty stand-in",
+                "name and version: [5590], [pool]/[aur]/[dpkg]; empty stand-in",
                 depends=f"rocm-core (= {ROCM_VERSION})",
                 section="devel",
             )  # fmt: skip
@@ -176,7 +186,7 @@ def rocm_packages() -> list[Deb]:
         Deb(
             "rocm-core",
             ROCM_VERSION,
-            "[rocm-core]: .info/version, Depends, postinst's /opt/rocm alternative",
+            "version [devcloud], [pool]; [rocm-core]: .info/version, Depends, postinst's /opt/rocm alternative",
             depends="python3, libc6",
             section="devel",
             files={f"{PREFIX}/.info/version": f"{RELEASE}\n"},
@@ -184,7 +194,7 @@ def rocm_packages() -> list[Deb]:
         )
     )
     # Stand-in relation: rocm-smi-lib is one of the tools rocm-developer-tools gathers in AMD's tree; its exact
-    # Depends line for 7.2.1 is not published where we could read it.
+    # Depends line for 7.2.x is not published where we could read it.
     debs.append(
         Deb(
             "rocm-developer-tools",
@@ -198,7 +208,7 @@ def rocm_packages() -> list[Deb]:
         Deb(
             "rocm-smi-lib",
             f"{ROCM_SMI_LIB}.{ROCM_BUILD}",
-            "name and version: [dpkg]; rocm-smi prints a recorded MI300X table",
+            "name and version: [pool]; rocm-smi prints a recorded MI300X table",
             depends=f"rocm-core (= {ROCM_VERSION})",
             section="devel",
             files={
@@ -212,25 +222,26 @@ def rocm_packages() -> list[Deb]:
 
 
 def amdgpu_packages() -> list[Deb]:
-    """amdgpu/30.30.1 for jammy: the DKMS driver and its firmware, Architecture all ([6101])."""
+    """amdgpu/30.30.3 for jammy: the DKMS driver and its firmware, Architecture all ([6101], [devcloud])."""
     firmware = f"{AMDGPU}.0.{AMDGPU_BUILD}"
     return [
         Deb(
             "amdgpu-dkms",
             DKMS_VERSION,
-            "[6101]; Depends on its firmware as ROCm/ROCm#5590 describes; builds nothing",
+            "[devcloud], [6101]; Depends on its firmware as ROCm/ROCm#5590 describes; builds nothing",
             arch="all",
             depends=f"amdgpu-dkms-firmware (= {firmware})",
             section="misc",
             scripts={"postinst": DKMS_POSTINST},
         ),
-        Deb("amdgpu-dkms-firmware", firmware, "[6101]; empty stand-in", arch="all", section="misc"),
+        Deb("amdgpu-dkms-firmware", firmware, "[6101], version derived; empty stand-in", arch="all", section="misc"),
     ]
 
 
 def installer_package(keyring: bytes) -> Deb:
     """amdgpu-install as AMD ships it: the repository lists, the signing key and the pin as conffiles
-    ([6156], [install-docs]), and /usr/bin/amdgpu-install; pointed at this repository instead of AMD's."""
+    ([6156], [install-docs], [devcloud]), and /usr/bin/amdgpu-install; pointed at this repository instead of
+    AMD's."""
     signed = "signed-by=/etc/apt/keyrings/rocm.gpg"
     files = {
         "/etc/apt/sources.list.d/rocm.list": (
@@ -245,7 +256,7 @@ def installer_package(keyring: bytes) -> Deb:
     return Deb(
         "amdgpu-install",
         INSTALLER_VERSION,
-        "version [6101]; files [6156], [install-docs]; the installer script is a stand-in",
+        "version [devcloud]; files [6156], [install-docs], [devcloud]; the installer script is a stand-in",
         arch="all",
         section="misc",
         files=files,
@@ -282,7 +293,7 @@ def index(repo: Path, pool: str, origin: str, suite: str | None) -> Path:
 
 
 def build_repo(out: Path, kernel: str) -> Path:
-    """repo.radeon.com's tree for ROCm 7.2.1/jammy in `out`, every index signed (InRelease) with a throwaway
+    """repo.radeon.com's tree for ROCm 7.2.3/jammy in `out`, every index signed (InRelease) with a throwaway
     key, plus a flat `kernel-headers` repository standing in for the distribution's (same key)."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

@@ -2,7 +2,7 @@
 nothing, and a plan that wants more GPUs than the host's rocm-smi lists stops the deploy.
 
 What the host is given (nothing else is faked):
-  - a local stand-in for repo.radeon.com's ROCm 7.2.1 tree (tests/roles/sandbox/rocm_repo.py: the published
+  - a local stand-in for repo.radeon.com's ROCm 7.2.3 tree (tests/roles/sandbox/rocm_repo.py: the published
     installer file name, package names, versions and relations, signed), bound read-only at
     /srv/gemmaserve-rocm-repo; the role is pointed at it with rocm_repo_base;
   - a flat repository with the sandbox kernel's headers, standing in for the distribution's;
