@@ -109,8 +109,10 @@ def _pyinfra(names: list[str], data: Path | None = None) -> tuple[float, float]:
 
 
 # --no-block: the unit is activating until /health answers (replica_ready.py); the timing starts at the start job.
+# Both stop first and wait for it: a `restart --no-block` returns while the old vLLM is still draining (its
+# ExecStop takes it out of HAProxy and waits), so the first request could be answered by the old process.
 COLD = "systemctl stop vllm@0 && rm -rf /dev/shm/gemmaserve/* && systemctl start --no-block vllm@0"
-WARM = "systemctl restart --no-block vllm@0"
+WARM = "systemctl stop vllm@0 && systemctl start --no-block vllm@0"
 
 
 def measure_deploy(log: Log = print) -> dict[str, float]:
