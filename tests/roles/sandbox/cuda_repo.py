@@ -240,20 +240,36 @@ def build_deb(deb: Deb, out: Path) -> Path:
     return name
 
 
+class ThrowawayKey:
+    """An ed25519 signing key made for one repository build, in a GNUPGHOME beside `out`; `keyring` is its
+    public key (what apt's signed-by names), `clearsign` signs a directory's Release as InRelease."""
+
+    GPG = ("gpg", "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", "")
+
+    def __init__(self, out: Path, uid: str) -> None:
+        self.home = out.parent / f"{out.name}.gnupg"
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.home.mkdir(mode=0o700)
+        self.env = {**os.environ, "GNUPGHOME": str(self.home)}
+        subprocess.run([*self.GPG, "--quick-gen-key", uid, "ed25519", "sign", "1d"], env=self.env, check=True)
+        self.keyring = subprocess.run([*self.GPG, "--export"], env=self.env, check=True, capture_output=True).stdout
+
+    def clearsign(self, directory: Path) -> None:
+        release, signed = directory / "Release", directory / "InRelease"
+        subprocess.run(
+            [*self.GPG, "--yes", "--clearsign", "--output", str(signed), str(release)], env=self.env, check=True
+        )
+
+    def remove(self) -> None:
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
 def build_repo(out: Path, kernel: str) -> Path:
     """Packages, Packages.gz and a Release signed with a throwaway key (InRelease), in `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    gnupg = out.parent / f"{out.name}.gnupg"
-    shutil.rmtree(gnupg, ignore_errors=True)
-    gnupg.mkdir(mode=0o700)
-    env = {**os.environ, "GNUPGHOME": str(gnupg)}
-    gpg = ["gpg", "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", ""]
-    subprocess.run(
-        [*gpg, "--quick-gen-key", "gemmaserve sandbox CUDA repository", "ed25519", "sign", "1d"], env=env, check=True
-    )
-    keyring = subprocess.run([*gpg, "--export"], env=env, check=True, capture_output=True).stdout
+    key = ThrowawayKey(out, "gemmaserve sandbox CUDA repository")
     debs = [
-        keyring_package(keyring),
+        keyring_package(key.keyring),
         pinning_package(580, DRIVER),
         pinning_package(595, NEWER),
         headers_package(kernel),
@@ -277,8 +293,6 @@ def build_repo(out: Path, kernel: str) -> Path:
         data = (out / index).read_bytes()
         release.append(f" {hashlib.sha256(data).hexdigest()} {len(data)} {index}")
     (out / "Release").write_text("\n".join(release) + "\n")
-    subprocess.run(
-        [*gpg, "--yes", "--clearsign", "--output", str(out / "InRelease"), str(out / "Release")], env=env, check=True
-    )
-    shutil.rmtree(gnupg, ignore_errors=True)
+    key.clearsign(out)
+    key.remove()
     return out

@@ -48,13 +48,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import os
 import shutil
 import subprocess
 from email.utils import formatdate
 from pathlib import Path
 
-from tests.roles.sandbox.cuda_repo import RECORDED, Deb, build_deb
+from tests.roles.sandbox.cuda_repo import RECORDED, Deb, ThrowawayKey, build_deb, headers_package
 
 MOUNT = "/srv/gemmaserve-rocm-repo"
 BASE = f"file://{MOUNT}"
@@ -265,12 +264,6 @@ def installer_package(keyring: bytes) -> Deb:
     )
 
 
-def headers_package(kernel: str) -> Deb:
-    """The running kernel's headers: a stand-in for the distribution's linux-headers-$(uname -r), which Debian
-    does not publish for the machine's own kernel (sandbox hosts share the outer machine's kernel)."""
-    return Deb(f"linux-headers-{kernel}", "1", "stand-in for the distribution's headers of the sandbox kernel")
-
-
 def index(repo: Path, pool: str, origin: str, suite: str | None) -> Path:
     """Packages(.gz) and a Release for the .debs under repo/pool: a dists/<suite>/main tree, or flat."""
     packages = subprocess.run(
@@ -297,17 +290,8 @@ def build_repo(out: Path, kernel: str) -> Path:
     key, plus a flat `kernel-headers` repository standing in for the distribution's (same key)."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    gnupg = out.parent / f"{out.name}.gnupg"
-    shutil.rmtree(gnupg, ignore_errors=True)
-    gnupg.mkdir(mode=0o700)
-    env = {**os.environ, "GNUPGHOME": str(gnupg)}
-    gpg = ["gpg", "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", ""]
-    subprocess.run(
-        [*gpg, "--quick-gen-key", "gemmaserve sandbox repo.radeon.com stand-in", "ed25519", "sign", "1d"],
-        env=env,
-        check=True,
-    )
-    keyring = subprocess.run([*gpg, "--export"], env=env, check=True, capture_output=True).stdout
+    key = ThrowawayKey(out, "gemmaserve sandbox repo.radeon.com stand-in")
+    keyring = key.keyring
     (out / "keyring.gpg").write_bytes(keyring)
 
     installer_dir = out / "amdgpu-install" / RELEASE / "ubuntu" / CODENAME
@@ -336,10 +320,6 @@ def build_repo(out: Path, kernel: str) -> Path:
     build_deb(headers_package(kernel), headers)
     tops.append(index(headers, ".", "gemmaserve sandbox", None))
     for top in tops:
-        subprocess.run(
-            [*gpg, "--yes", "--clearsign", "--output", str(top / "InRelease"), str(top / "Release")],
-            env=env,
-            check=True,
-        )
-    shutil.rmtree(gnupg, ignore_errors=True)
+        key.clearsign(top)
+    key.remove()
     return out
