@@ -79,3 +79,15 @@ def managed_absent(path: str, current: PathState):
         host.noop(f"{path} is absent")
         return
     yield from files.file._inner(path=path, present=False)
+
+
+def driver_daemons(services: list[str] | tuple[str, ...], driver_loaded: bool) -> None:
+    """Enable a driver's daemons, and run them only once the driver is loaded: before the reboot into a new
+    driver (pending, or not allowed) they cannot start, so they are enabled for the next boot."""
+    for service in services:
+        systemd.service(
+            name=f"{'Run' if driver_loaded else 'Enable'} {service}",
+            service=service,
+            enabled=True,
+            running=True if driver_loaded else None,
+        )

@@ -15,7 +15,7 @@ from pyinfra.operations import server, systemd
 from gemmaserve.plan import Plan
 from roles._lib.apt import install_packages
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_directory, managed_file, managed_service
+from roles._lib.managed import driver_daemons, managed_directory, managed_file, managed_service
 from roles._lib.programs import program_source
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings
@@ -227,13 +227,7 @@ def _dcgm(settings: Settings) -> None:
     )
     systemd.daemon_reload(name="Reload systemd units", _if=dropin.did_change)
     loaded = host.get_fact(NvidiaKernelModule) is not None
-    for service in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
-        systemd.service(
-            name=f"{'Run' if loaded else 'Enable'} {service}",
-            service=service,
-            enabled=True,
-            running=True if loaded else None,
-        )
+    driver_daemons(("nvidia-dcgm", "nvidia-dcgm-exporter"), loaded)
     if loaded:
         systemd.service(
             name="Restart dcgm-exporter for its new fields",

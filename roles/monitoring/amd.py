@@ -13,7 +13,7 @@ from pyinfra.operations import systemd
 
 from roles._lib.apt import APT_GET, install_packages, installed_version
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_directory, managed_file
+from roles._lib.managed import driver_daemons, managed_directory, managed_file
 
 # Every vendor fact below is from github.com/ROCm/device-metrics-exporter at tag v1.5.1 (ad44c717):
 # - docs/installation/deb-package.rst: the Debian package `amdgpu-exporter` comes from AMD's own apt
@@ -154,13 +154,7 @@ def install_amd_exporter(version: str, codename: str, listen: str, driver_loaded
     )
     systemd.daemon_reload(name="Reload systemd units", _if=dropin.did_change)
     # gpuagent needs the amdgpu driver; before the reboot into it the services are only enabled.
-    for service in AMD_SERVICES:
-        systemd.service(
-            name=f"{'Run' if driver_loaded else 'Enable'} {service}",
-            service=service,
-            enabled=True,
-            running=True if driver_loaded else None,
-        )
+    driver_daemons(AMD_SERVICES, driver_loaded)
     if driver_loaded:
         systemd.service(
             name="Restart the exporter for its new flags",

@@ -19,7 +19,7 @@ from gemmaserve.plan import Plan
 from roles._lib.apt import APT_GET, install_packages, installed_version, upstream_version
 from roles._lib.distro import distro_name
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_directory, managed_file, managed_service
+from roles._lib.managed import driver_daemons, managed_directory, managed_file, managed_service
 from roles._lib.programs import GPU_PREFLIGHT, LIB_DIR, program_source
 from roles._lib.reboot import allow_reboot, reboot_for
 from roles._lib.render import render
@@ -453,11 +453,4 @@ def _start_driver_services(with_fabric: bool) -> None:
     services = ["nvidia-persistenced"] + (["nvidia-fabricmanager"] if with_fabric else [])
     # Without a loaded module (a reboot pending but not allowed) the daemons cannot start yet:
     # enable them so the next boot does.
-    loaded = host.get_fact(NvidiaKernelModule) is not None
-    for service in services:
-        systemd.service(
-            name=f"{'Run' if loaded else 'Enable'} {service}",
-            service=service,
-            enabled=True,
-            running=True if loaded else None,
-        )
+    driver_daemons(services, host.get_fact(NvidiaKernelModule) is not None)
