@@ -2,20 +2,14 @@
 
 from gemmaserve.sandbox.credentials import ensure as _credentials
 from gemmaserve.sandbox.profile import sandbox_host_data
-from gemmaserve.sandbox.state import SSH_KEY, SSH_PORT, SSH_USER, load_state
+from gemmaserve.sandbox.state import load_state
 
 # Run `gemmaserve sandbox up` first; with no hosts up this group is empty.
 sandbox = [
     (
         _host.name,
         {
-            "ssh_hostname": _host.address,
-            "ssh_port": SSH_PORT,
-            "ssh_user": SSH_USER,
-            "ssh_key": str(SSH_KEY),
-            # Host keys are regenerated on every `sandbox up`: remembering them only breaks reconnects.
-            "ssh_known_hosts_file": "/dev/null",
-            "ssh_strict_host_key_checking": "off",
+            **_host.ssh_data(),
             "gemmaserve_sandbox": True,
             "gemmaserve_sandbox_index": _host.index,
             # Its certificate (signed by the sandbox's CA) and the digest of the sandbox's API key.

@@ -49,6 +49,18 @@ class Host:
     def console_log(self) -> Path:
         return Path(self.root) / "console.log"
 
+    def ssh_data(self) -> dict:
+        """How pyinfra reaches this host: the inventory's ssh_* host data."""
+        return {
+            "ssh_hostname": self.address,
+            "ssh_port": SSH_PORT,
+            "ssh_user": SSH_USER,
+            "ssh_key": str(SSH_KEY),
+            # Host keys are regenerated on every `sandbox up`: remembering them only breaks reconnects.
+            "ssh_known_hosts_file": "/dev/null",
+            "ssh_strict_host_key_checking": "off",
+        }
+
 
 @dataclass
 class State:

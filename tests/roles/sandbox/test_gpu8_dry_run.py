@@ -27,11 +27,7 @@ def dry_run(sandbox_hosts, tmp_path_factory):
     tls_bundle.write_bytes(credentials.issue_server_bundle(ca_cert, ca_key, ["gpu8"]))
     data = {
         **gpu8_data,
-        "ssh_hostname": host.address,
-        "ssh_user": state.SSH_USER,
-        "ssh_key": str(state.SSH_KEY),
-        "ssh_known_hosts_file": "/dev/null",
-        "ssh_strict_host_key_checking": "off",
+        **host.ssh_data(),
         "gemmaserve_gpu_facts": {"gpu_count": 8, "kernel_module": None},
         # gpu8 reads its token and its TLS certificate from files on the host; a dry run only plans the uploads.
         "secrets_hf_token_src": str(token),

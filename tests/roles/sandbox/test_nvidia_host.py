@@ -61,11 +61,7 @@ def gpu_host(request, sandbox_ready, served_assets, tmp_path_factory):
     stub.write_text(LSPCI_STUB)
     stub.chmod(0o755)
     data = {
-        "ssh_hostname": host.address,
-        "ssh_user": state.SSH_USER,
-        "ssh_key": str(state.SSH_KEY),
-        "ssh_known_hosts_file": "/dev/null",
-        "ssh_strict_host_key_checking": "off",
+        **host.ssh_data(),
         "gemmaserve_model": SPEC["model"],
         "gemmaserve_accelerator": SPEC["accelerator"],
         "gemmaserve_serving": SPEC["serving"],

@@ -55,11 +55,7 @@ def sh(host: state.Host, command: str, timeout: float = 120):
 
 def inventory(path, host: state.Host, spec: dict) -> str:
     data = {
-        "ssh_hostname": host.address,
-        "ssh_user": state.SSH_USER,
-        "ssh_key": str(state.SSH_KEY),
-        "ssh_known_hosts_file": "/dev/null",
-        "ssh_strict_host_key_checking": "off",
+        **host.ssh_data(),
         "gemmaserve_model": spec["model"],
         "gemmaserve_accelerator": spec["accelerator"],
         "rocm_repo_base": BASE,
