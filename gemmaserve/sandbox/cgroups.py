@@ -51,9 +51,9 @@ def create_cgroups(name: str) -> list[str]:
 
 
 def _cgroup_tree(path: Path) -> list[Path]:
-    if not path.is_dir():
-        return []
-    return sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True) + [path]
+    """Every cgroup under path, children before parents. The host's systemd may remove cgroups while this
+    walks them (a host still shutting down): os.walk skips what vanished where Path.rglob raises."""
+    return [Path(top) for top, _, _ in os.walk(path, topdown=False)]
 
 
 def cgroup_pids(paths: Iterable[str]) -> set[int]:

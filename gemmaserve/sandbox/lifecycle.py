@@ -207,7 +207,10 @@ def reboot(
         while machine.is_alive(host) and time.monotonic() - started < timeout:
             time.sleep(0.1)
         if machine.is_alive(host):
-            raise RuntimeError(f"{name}: still running {timeout:.0f} s after `systemctl reboot`")
+            raise RuntimeError(
+                f"{name}: still running {timeout:.0f} s after `systemctl reboot`; its console:\n"
+                f"{machine.console_tail(host)}"
+            )
         machine.remove_image_lock(host)
         host.pid = machine.start_nspawn(host, host.bind_ro)
         state.save_state(st)

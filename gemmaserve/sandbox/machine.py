@@ -69,7 +69,10 @@ def nspawn_command(host: Host, binds: list[str]) -> list[str]:
         # The outer machine has no systemd: no machined to register with, no unit to create.
         "--register=no",
         "--keep-unit",
-        "--console=passive",
+        # The console is a pseudo-TTY that nspawn drains into console.log. "passive" leaves it unread: once
+        # its buffer fills (systemd's "A stop job is running..." lines during a long stop fill it within
+        # minutes) PID 1 blocks in the TTY write and the host never finishes shutting down.
+        "--console=read-only",
         f"--network-namespace-path=/run/netns/{host.netns}",
         "--resolv-conf=copy-host",
         "--link-journal=no",
@@ -110,7 +113,7 @@ def wait_booted(host: Host, log: Log, timeout: float = BOOT_TIMEOUT_S) -> str:
     system = "offline"
     while time.monotonic() < deadline:
         if not is_alive(host):
-            raise RuntimeError(f"{host.name}: systemd-nspawn exited during boot:\n{_tail(host.console_log)}")
+            raise RuntimeError(f"{host.name}: systemd-nspawn exited during boot:\n{console_tail(host)}")
         try:
             system = in_host(host, "systemctl", "is-system-running", timeout=5).stdout.strip() or "offline"
         except (RuntimeError, subprocess.TimeoutExpired):
@@ -119,9 +122,7 @@ def wait_booted(host: Host, log: Log, timeout: float = BOOT_TIMEOUT_S) -> str:
             break
         time.sleep(0.2)
     else:
-        raise RuntimeError(
-            f"{host.name}: not booted after {timeout:.0f} s (system {system}):\n{_tail(host.console_log)}"
-        )
+        raise RuntimeError(f"{host.name}: not booted after {timeout:.0f} s (system {system}):\n{console_tail(host)}")
     if system == "degraded":
         failed = in_host(host, "systemctl", "--failed", "--plain", "--no-legend").stdout.split("\n")
         units = ", ".join(line.split()[0] for line in failed if line.strip())
@@ -140,11 +141,15 @@ def _ssh_answers(address: str) -> bool:
         return False
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def console_tail(host: Host, lines: int = 30) -> str:
+    """The last lines the host's systemd wrote to its console (what a stuck boot or shutdown is waiting for)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with host.console_log.open("rb") as console:
+            console.seek(max(0, console.seek(0, os.SEEK_END) - 65536))
+            text = console.read().decode(errors="replace")
     except FileNotFoundError:
         return "(no console log)"
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def stop_nspawn(host: Host, log: Log) -> None:

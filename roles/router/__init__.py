@@ -101,7 +101,9 @@ def stop_units(serving: Plan) -> dict[str, str]:
     return {
         DROP_IN: render(TEMPLATES / "haproxy.service.d-gemmaserve.conf.j2", stop_timeout=stop_timeout),
         f"/etc/systemd/system/{DRAIN_UNIT}": render(
-            TEMPLATES / "gemmaserve-router-drain.service.j2", stop_timeout=stop_timeout + 30
+            TEMPLATES / "gemmaserve-router-drain.service.j2",
+            stop_timeout=stop_timeout + 30,
+            replica_units=[replica.unit for replica in serving.replicas],
         ),
     }
 

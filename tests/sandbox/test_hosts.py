@@ -14,6 +14,7 @@ import pytest
 
 from gemmaserve.ops import fleet
 from gemmaserve.sandbox import cgroups, lifecycle, machine, network, rootfs, state
+from tests.sandbox_fixtures import wait_until
 
 pytestmark = pytest.mark.sandbox
 
@@ -125,6 +126,27 @@ def test_pid1_is_systemd(sandbox_host) -> None:
 
 def test_system_is_running(sandbox_host) -> None:
     assert sandbox_host.run("systemctl is-system-running").stdout.strip() == "running"
+
+
+def test_console_is_drained_so_pid1_never_blocks_on_it(sandbox_hosts: list[state.Host]) -> None:
+    """systemd writes status lines to /dev/console; while a stop job runs it writes one every second. A
+    console nobody reads fills its TTY buffer and PID 1 blocks in the write: a shutdown under load then
+    never ends (seen in CI as a reboot "still running 240 s" after `systemctl reboot`). Far more than any
+    TTY buffer holds must pass through, and arrive in the host's console.log."""
+    host = sandbox_hosts[0]
+    mark = f"gemmaserve-console-{host.pid}"
+    before = host.console_log.stat().st_size
+    pad = "x" * 100
+    script = f"for i in $(seq 1 4096); do echo '{mark} '$i' {pad}'; done > /dev/console"
+    result = machine.in_host(host, "timeout", "30", "sh", "-c", script, timeout=60)
+    assert result.returncode == 0, f"writing 400 KiB to /dev/console blocked or failed: {result.stderr}"
+
+    def arrived() -> bool:
+        with host.console_log.open("rb") as log:
+            log.seek(before)
+            return f"{mark} 4096 ".encode() in log.read()
+
+    wait_until(arrived, 30, "the console lines in console.log")
 
 
 def test_sshd_accepts_the_sandbox_key(sandbox_hosts: list[state.Host]) -> None:

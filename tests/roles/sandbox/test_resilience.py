@@ -23,8 +23,9 @@ pytestmark = pytest.mark.sandbox
 TOKEN = "hf_gemmaserveTESTtoken_" + hashlib.sha256(b"never-a-real-token").hexdigest()[:20]
 TOKEN_FILE = "/etc/gemmaserve/hf-token"
 # The drain bound these hosts are deployed with. It must exceed the longest request sent, here as in
-# production: a 300-token stream on two CPU cores shared by two loaded hosts ran past 30 s in CI (HAProxy's
-# hard-stop-after cut two streams at ~34 KB during a reboot), so 60 s.
+# production: with four replicas of two loaded hosts on two CPU cores a stream gets ~5 tokens/s, so a
+# 300-token stream ran past 30 s and then past 60 s (HAProxy's hard-stop-after cut it, ~51 KB of ~55 KB,
+# during a reboot). 60 s, and streams half that long (STREAM_TOKENS).
 SHUTDOWN_TIMEOUT = 60
 
 
@@ -173,8 +174,9 @@ def test_unchanged_replica_is_never_restarted(two_replicas, sandbox_host):
 
 # --- graceful stops -----------------------------------------------------------------------------
 
-# Streams of this many tokens take a few seconds on the sandbox: long enough to be cut by a careless stop.
-STREAM_TOKENS = 300
+# Streams of this many tokens take 10-30 s on the loaded sandbox: long enough to be cut by a careless stop,
+# short enough to finish inside SHUTDOWN_TIMEOUT.
+STREAM_TOKENS = 150
 # On the host: wait until HAProxy has requests running on replica 0, then `systemctl stop` it, timed.
 STOP_WHEN_BUSY = """
 import subprocess, sys, time
@@ -240,6 +242,20 @@ def test_plain_stop_under_load_finishes_every_accepted_request(two_replicas, san
     wait_until(lambda: all_up(sandbox_host), 240, "vllm@0 back UP in HAProxy")
 
 
+STOP_LINE = re.compile(r"^\[\s*(?P<t>[0-9.]+)\] \S+ systemd\[1\]: (?P<what>Stopping|Stopped) (?P<unit>\S+\.service)\b")
+
+
+def stop_times(sandbox_host) -> dict[tuple[str, str], float]:
+    """When systemd began and finished stopping each service in the previous boot (monotonic seconds), from
+    the host's persistent journal."""
+    out = sandbox_host.run("journalctl -b -1 -o short-monotonic --no-pager _PID=1").stdout
+    times: dict[tuple[str, str], float] = {}
+    for line in out.splitlines():
+        if match := STOP_LINE.match(line):
+            times.setdefault((match["what"], match["unit"]), float(match["t"]))
+    return times
+
+
 def test_reboot_under_load_with_a_second_host_serving(two_replicas, sandbox_host, serving_peer):
     """A host with two replicas reboots while a second host serves: clients spread over both hosts (as a
     load balancer would, sending what a host refuses to the other). Every request the rebooting host
@@ -270,13 +286,21 @@ def test_reboot_under_load_with_a_second_host_serving(two_replicas, sandbox_host
         served = load.ok
         wait_until(lambda: load.ok >= served + 6 or bool(load.failures), 180, "requests after the reboot")
     in_flight = load.in_flight_at(began, 0)
+    stops = stop_times(sandbox_host)
+    drained = stops[("Stopped", "gemmaserve-router-drain.service")]
+    replicas = [stops[("Stopping", replica.unit)] for replica in serving.replicas]
     print(
         f"\n[figure] reboot under load ({serving.engine.kind}, a second host serving): shutdown and boot "
         f"{down_s:.1f} s, {in_flight} requests in flight at the reboot finished, {load.rerouted} sent to the "
-        f"other host, {load.ok} ok, {len(load.failures)} failed"
+        f"other host, {load.ok} ok, {len(load.failures)} failed; HAProxy's graceful stop "
+        f"{drained - stops[('Stopping', 'gemmaserve-router-drain.service')]:.1f} s, then the replicas "
+        f"{max(stops[('Stopped', r.unit)] for r in serving.replicas) - drained:.1f} s"
     )
     assert load.failures == []
     assert in_flight >= 1, "nothing was in flight on the rebooting host: the test proved nothing"
+    # The first reboot after a deploy (the target the replicas belong to was never started) is the one
+    # where an order through gemmaserve.target alone did not hold: systemd's own journal says what ran when.
+    assert all(stopping >= drained for stopping in replicas), f"replicas stopped beside HAProxy: {stops}"
 
 
 # --- reboot -------------------------------------------------------------------------------------
