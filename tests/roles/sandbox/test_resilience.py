@@ -246,13 +246,13 @@ STOP_LINE = re.compile(r"^\[\s*(?P<t>[0-9.]+)\] \S+ systemd\[1\]: (?P<what>Stopp
 
 
 def stop_times(sandbox_host) -> dict[tuple[str, str], float]:
-    """When systemd began and finished stopping each service in the previous boot (monotonic seconds), from
-    the host's persistent journal."""
+    """When systemd last began and finished stopping each service in the previous boot (monotonic seconds,
+    from the host's persistent journal): the shutdown's stops, after any earlier test's restarts."""
     out = sandbox_host.run("journalctl -b -1 -o short-monotonic --no-pager _PID=1").stdout
     times: dict[tuple[str, str], float] = {}
     for line in out.splitlines():
         if match := STOP_LINE.match(line):
-            times.setdefault((match["what"], match["unit"]), float(match["t"]))
+            times[match["what"], match["unit"]] = float(match["t"])
     return times
 
 
