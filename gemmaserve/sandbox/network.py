@@ -10,6 +10,7 @@ from gemmaserve.sandbox.state import Host, State
 from gemmaserve.sandbox.system import run
 
 NFT_TABLE = "gemmaserve_sandbox"
+UNIX_DGRAM_QLEN = 512
 VETH_PATTERN = "gs-sb*"  # every outer veth end is named gs-sb<index>
 # Private and special ranges a host must not reach through the outer machine; the outer
 # machine's nameservers are let through so DNS works.
@@ -40,6 +41,13 @@ def create_network(host: Host) -> None:
     run(*ns, "addr", "add", f"{host.address}/30", "dev", "host0")
     run(*ns, "link", "set", "host0", "up")
     run(*ns, "route", "add", "default", "via", host.gateway)
+    # A new netns queues 10 datagrams per Unix socket (the kernel's default; Debian 12 keeps it, systemd's
+    # upstream sysctl.d/50-default.conf raises it to 512). PID 1 sends its journal lines as datagrams and
+    # gives up on one after a short wait on a full queue, so on two loaded cores, where journald falls
+    # behind, a shutdown under load lost systemd's "Stopping …" lines that the reboot test reads (measured:
+    # 11 of 80 lines kept with journald paused for 1 s). Inside nspawn /proc/sys/net is read-only to the
+    # host's own systemd-sysctl: set 512 here, before the host's sockets exist.
+    run("ip", "netns", "exec", host.netns, "sysctl", "-qw", f"net.unix.max_dgram_qlen={UNIX_DGRAM_QLEN}")
 
 
 def remove_network(host: Host) -> None:

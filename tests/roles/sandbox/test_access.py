@@ -68,13 +68,16 @@ def chat(endpoint, key: str | None = "", **extra) -> tuple[int, str]:
     return endpoint.request("/v1/chat/completions", {**payload, **extra}, key=key)
 
 
+def haproxy_admin(sandbox_host, line: str) -> str:
+    """A command on HAProxy's admin socket, through the host program the roles install."""
+    program = f'import sys; sys.path.insert(0, "/opt/gemmaserve/lib"); import haproxy_admin; print(haproxy_admin.command({line!r}))'
+    return sandbox_host.run(f"python3 -c {shlex.quote(program)}").stdout
+
+
 def started(sandbox_host) -> dict[str, str]:
     """What a restart or reload would change: HAProxy's master and worker PIDs, the replica's start time."""
     master = sandbox_host.run("systemctl show -p MainPID --value haproxy").stdout.strip()
-    info = sandbox_host.run(
-        'python3 -c \'import sys; sys.path.insert(0, "/opt/gemmaserve/lib"); import haproxy_admin; '
-        'print(haproxy_admin.command("show info"))\''
-    ).stdout
+    info = haproxy_admin(sandbox_host, "show info")
     return {
         "haproxy master": master,
         "haproxy worker": re.search(r"^Pid: (\d+)$", info, re.M)[1],
@@ -114,6 +117,17 @@ def test_each_valid_key_gets_200(deployed):
     assert keys("revoke", "second", "--inventory", str(inventory)).returncode == 0
 
 
+def test_many_key_changes_in_a_row_all_apply(deployed, sandbox_host):
+    """Each `gemmaserve keys` change starts the sync unit once: a script rotating several keys in a few
+    seconds starts it more often than systemd's default limit (5 in 10 s) allows. Every start succeeds."""
+    starts = [sandbox_host.run("systemctl start gemmaserve-api-keys.service") for _ in range(8)]
+    assert [result.rc for result in starts] == [0] * 8, [result.stderr for result in starts]
+    result = keys("add", "quick", "--inventory", str(deployed[2]))
+    assert result.returncode == 0, result.stderr
+    MADE.append(result.stdout.strip())
+    assert keys("revoke", "quick", "--inventory", str(deployed[2])).returncode == 0
+
+
 def test_rotation_under_load_fails_no_request_and_restarts_nothing(deployed, sandbox_host):
     """A key is added and revoked while another key carries a steady load: the revoked key fails within
     seconds, the load sees no failure, and neither HAProxy nor the replica restarted or reloaded."""
@@ -141,33 +155,47 @@ def test_rotation_under_load_fails_no_request_and_restarts_nothing(deployed, san
     assert started(sandbox_host) == before
 
 
-def test_concurrency_limit_is_429_while_another_key_is_served(deployed):
+# Long enough (1,000 tokens: seconds on two cores) that two requests are surely in flight together once
+# HAProxy counts them; the client waits for HAProxy's own count rather than for a fixed time, which a
+# starved test process on two busy cores overran in CI (its second request left after the first ended).
+LONG = {"max_tokens": 1000, "messages": [{"role": "user", "content": "Go"}], "model": "gemmaserve/tiny-gemma4-test"}
+
+
+def key_in_flight(sandbox_host, key_id: str) -> int:
+    """HAProxy's count of the key's requests in flight: conn_cur in the per-key stick table."""
+    table = haproxy_admin(sandbox_host, "show table gemmaserve")
+    found = re.search(rf"\bkey={re.escape(key_id)} .*\bconn_cur=(\d+)", table)
+    return int(found[1]) if found else 0
+
+
+def wait_in_flight(sandbox_host, key_id: str, count: int) -> None:
+    wait_until(lambda: key_in_flight(sandbox_host, key_id) >= count, 60, f"{count} request(s) of {key_id} in flight")
+
+
+def test_concurrency_limit_is_429_while_another_key_is_served(deployed, sandbox_host):
     host, _, inventory, _ = deployed
     endpoint = sandbox_endpoint(host)
     busy = add_key(inventory, "busy")
     client = Credentials(busy, endpoint.credentials.ca_cert).openai(endpoint.base_url, max_retries=0, timeout=120)
-    long = {"max_tokens": 900, "extra_body": {"ignore_eos": True}, "stream": True}
     streams = []
     try:
-        for _ in range(2):  # the key's limit: two in flight, each generating for seconds
-            stream = client.chat.completions.create(
-                model="gemmaserve/tiny-gemma4-test", messages=[{"role": "user", "content": "Go"}], **long
-            )
-            next(iter(stream))
-            streams.append(stream)
+        for count in (1, 2):  # the key's limit: two in flight
+            streams.append(client.chat.completions.create(stream=True, extra_body={"ignore_eos": True}, **LONG))
+            wait_in_flight(sandbox_host, "busy", count)
         status, body = chat(endpoint, key=busy)
         other = chat(endpoint)[0]
     finally:
         for stream in streams:
             stream.close()
+        revoked = keys("revoke", "busy", "--inventory", str(inventory))
     assert status == 429, body
     error = json.loads(body)["error"]
     assert error["code"] == "rate_limit_exceeded" and "2 in flight" in error["message"]
     assert other == 200
-    assert keys("revoke", "busy", "--inventory", str(inventory)).returncode == 0
+    assert revoked.returncode == 0, revoked.stderr
 
 
-def test_429_carries_retry_after(deployed):
+def test_429_carries_retry_after(deployed, sandbox_host):
     host = deployed[0]
     endpoint = sandbox_endpoint(host)
     import urllib.error
@@ -177,17 +205,9 @@ def test_429_carries_retry_after(deployed):
     results: list[tuple[int, str | None]] = []
 
     def one() -> None:
-        data = json.dumps(
-            {
-                "model": "gemmaserve/tiny-gemma4-test",
-                "max_tokens": 400,
-                "messages": [{"role": "user", "content": "Go"}],
-                "ignore_eos": True,
-            }
-        ).encode()
         req = urllib.request.Request(
             endpoint.base_url + "/chat/completions",
-            data=data,
+            data=json.dumps({**LONG, "ignore_eos": True}).encode(),
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
         )
         try:
@@ -196,15 +216,20 @@ def test_429_carries_retry_after(deployed):
         except urllib.error.HTTPError as error:
             results.append((error.code, error.headers.get("Retry-After")))
 
-    threads = [threading.Thread(target=one) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-        time.sleep(0.15)
-    for thread in threads:
-        thread.join()
+    threads = []
+    try:
+        for count in (1, 2):
+            threads.append(threading.Thread(target=one))
+            threads[-1].start()
+            wait_in_flight(sandbox_host, "retry", count)
+        one()  # the third, while two are in flight
+    finally:
+        for thread in threads:
+            thread.join()
+        revoked = keys("revoke", "retry", "--inventory", str(deployed[2]))
     assert sorted(status for status, _ in results) == [200, 200, 429]
     assert [retry for status, retry in results if status == 429] == ["1"]
-    assert keys("revoke", "retry", "--inventory", str(deployed[2])).returncode == 0
+    assert revoked.returncode == 0, revoked.stderr
 
 
 def test_keys_cli_refuses_a_taken_id_before_changing_anything(deployed):
