@@ -53,8 +53,9 @@ class EnginePin:
 
 
 # vllm 0.32.0's wheel metadata: transformers>=5.16.1,<5.20.0 and torch==2.13.0 (CUDA 13.0 from PyPI:
-# nvidia-cuda-runtime 13.0.x). 0.33.0 is NOT the default: its metadata requires certifi>=2026.10.19, which PyPI does not publish (uv, 2026-11-23:
-# "only certifi<=2026.10.18 is available"), so it cannot be installed from the real index.
+# nvidia-cuda-runtime 13.0.x). 0.33.0 is not the default: until PyPI published certifi 2026.10.19.post1
+# (seen 2026-11-24) its metadata's certifi>=2026.10.19 could not be met. It resolves now (transformers
+# >=5.16.1,<5.21.0, torch 2.14.0); the pins move once its torch, CUDA and ROCm facts are checked like these.
 _CHAT_TEMPLATE_0_32_0 = "afdbb2abe3667ccde95cc2f86919f05370339399bab5f750950a4390523b8927"
 ENGINE_PINS: dict[str, EnginePin] = {
     "nvidia": EnginePin(

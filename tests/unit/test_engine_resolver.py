@@ -110,12 +110,19 @@ def test_recorded_transformers_range_is_the_releases(vendor: str) -> None:
     assert f"transformers>={low},<{high}" in result.stderr
 
 
-def test_vllm_0_33_0_is_not_installable_from_pypi() -> None:
-    """Why the default is 0.32.0: 0.33.0 requires a certifi release PyPI does not publish. When this starts
-    passing resolution, the pin can move (the test then fails and says so)."""
-    result = compile_requirements(["vllm==0.33.0"], "3.12", "x86_64-manylinux_2_28")
-    assert result.returncode != 0, "vllm 0.33.0 resolves now: consider moving the nvidia/amd pins to it"
-    assert "certifi" in result.stderr
+def test_a_users_vllm_0_33_0_with_a_transformers_pin_in_its_range_resolves() -> None:
+    """0.33.0 is not the default pin (the nvidia and amd pins move together with their torch, CUDA and ROCm
+    facts), but a user may choose it with engine.transformers_version. Until PyPI published certifi
+    2026.10.19.post1 (seen 2026-11-24) it could not be installed at all: its metadata requires
+    certifi>=2026.10.19. The resolver judges the lines the plan writes for that choice, and the range's upper
+    bound: transformers 5.21.0 is refused."""
+    pin = ENGINE_PINS["nvidia"]
+    lines = list(engines.requirements("nvidia", "0.33.0", "5.20.2"))
+    pins = resolved(compile_requirements(lines, pin.python, pin.platform))
+    assert (pins["vllm"], pins["transformers"]) == ("0.33.0", "5.20.2")
+    refused = compile_requirements([lines[0], "transformers==5.21.0"], pin.python, pin.platform)
+    assert refused.returncode != 0
+    assert "transformers>=5.16.1,<5.21.0" in refused.stderr
 
 
 def dockerfile_requirements(build_args: dict[str, str]) -> list[str]:
