@@ -20,6 +20,7 @@ from gemmaserve.ops.endpoint import Credentials, EndpointError, request
 from gemmaserve.plan import CLIENT_ROUTES, HEALTH_PATH, plan
 from gemmaserve.sandbox.profile import sandbox_host_data
 from gemmaserve.sources import spec_from_host_data
+from tests.roles.fixtures.test_haproxy_access import conn_cur
 from tests.sandbox_fixtures import Load, deploy, sandbox_endpoint, wait_until
 
 pytestmark = pytest.mark.sandbox
@@ -163,9 +164,7 @@ LONG = {"max_tokens": 1000, "messages": [{"role": "user", "content": "Go"}], "mo
 
 def key_in_flight(sandbox_host, key_id: str) -> int:
     """HAProxy's count of the key's requests in flight: conn_cur in the per-key stick table."""
-    table = haproxy_admin(sandbox_host, "show table gemmaserve")
-    found = re.search(rf"\bkey={re.escape(key_id)} .*\bconn_cur=(\d+)", table)
-    return int(found[1]) if found else 0
+    return conn_cur(haproxy_admin(sandbox_host, "show table gemmaserve"), key_id)
 
 
 def wait_in_flight(sandbox_host, key_id: str, count: int) -> None:
