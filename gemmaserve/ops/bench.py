@@ -134,10 +134,16 @@ def _spec_counters(target, serving: Plan) -> dict[str, float]:
 
 
 def run(
-    inventory: str, profiles: list[str], concurrency: list[int], scale: float, prompts_per_level: int, log=print
+    inventory: str,
+    profiles: list[str],
+    concurrency: list[int],
+    scale: float,
+    prompts_per_level: int,
+    log=print,
+    limit: list[str] | tuple[str, ...] = (),
 ) -> list[Point]:
     points: list[Point] = []
-    for host in fleet.load(inventory):
+    for host in fleet.load(inventory, limit):
         name, serving, target = host.name, host.plan, host.connect()
         endpoint = host.endpoint()
         if endpoint.credentials.api_key is None:

@@ -15,6 +15,10 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Serve Gemma 
 
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 3
+EXIT_UNREACHABLE = 1
+
+# pyinfra's own --limit: a group name, else a glob on host names; repeatable.
+_LIMIT = typer.Option([], "--limit", help="Only these hosts: a group name or a glob on host names (repeatable).")
 
 
 def _fail(message: str, code: int) -> None:
@@ -264,36 +268,48 @@ def _model_id(name: str) -> str:
 @app.command("status")
 def status_command(
     inventory: str = typer.Option("hosts/sandbox.py", "--inventory", help="A pyinfra inventory file."),
+    limit: list[str] = _LIMIT,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Per host and replica: unit state, health, model, running/waiting requests, KV-cache and prefix-cache use."""
+    """Per host and replica: unit state, health, model, running/waiting requests, KV-cache and prefix-cache use.
+
+    Exits 1 when a host could not be reached over ssh (its replicas show as unreachable, with the reason)."""
+    from gemmaserve.ops import fleet
+    from gemmaserve.ops.status import UNREACHABLE, collect, print_table
     from gemmaserve.ops.status import as_json as status_json
-    from gemmaserve.ops.status import collect, print_table
     from gemmaserve.spec import SpecError
 
     try:
-        statuses = collect(inventory)
-    except (SpecError, FileNotFoundError) as error:
+        statuses = collect(inventory, limit)
+    except (SpecError, FileNotFoundError, fleet.InventoryError) as error:
         _fail(f"error: {error}", EXIT_BAD_INPUT)
     typer.echo(status_json(statuses)) if as_json else print_table(statuses)
+    unreachable = sorted({s.host for s in statuses if s.state == UNREACHABLE})
+    if unreachable:
+        _fail(f"unreachable over ssh: {', '.join(unreachable)}", EXIT_UNREACHABLE)
 
 
 @app.command("verify", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def verify(
     ctx: typer.Context,
     inventory: str = typer.Option("hosts/sandbox.py", "--inventory", help="A pyinfra inventory file."),
+    limit: list[str] = _LIMIT,
 ) -> None:
-    """Run the testinfra verification suite (gemmaserve/ops/verify) against every host of an inventory."""
+    """Run the testinfra verification suite (gemmaserve/ops/verify) against every host of an inventory (or the
+    hosts --limit picks); other arguments go to pytest."""
     import subprocess
 
     suite = Path(__file__).resolve().parent / "verify"
     command = [sys.executable, "-m", "pytest", str(suite), "--inventory", inventory, "-p", "no:cacheprovider", "-q"]
+    for pattern in limit:
+        command += ["--limit", pattern]
     raise typer.Exit(subprocess.call([*command, *ctx.args], cwd=Path.cwd()))
 
 
 @app.command("bench")
 def bench(
     inventory: str = typer.Option("hosts/sandbox.py", "--inventory", help="A pyinfra inventory file."),
+    limit: list[str] = _LIMIT,
     profile: list[str] = typer.Option(
         ["prompt-heavy", "decode-heavy", "balanced"],
         "--profile",
@@ -308,6 +324,7 @@ def bench(
 ) -> None:
     """Run `vllm bench serve` on each host against its load balancer; print a table, write JSON and a PNG plot."""
     from gemmaserve.ops import bench as benchmark
+    from gemmaserve.ops import fleet
 
     unknown = [p for p in profile if p not in benchmark.PROFILES]
     if unknown:
@@ -320,7 +337,10 @@ def bench(
         _fail(f"error: --concurrency = {concurrency!r}: allowed: comma-separated positive integers", EXIT_BAD_INPUT)
     if scale <= 0:
         _fail(f"error: --scale = {scale}: must be > 0", EXIT_BAD_INPUT)
-    points = benchmark.run(inventory, profile, levels, scale, prompts_per_level, log=typer.echo)
+    try:
+        points = benchmark.run(inventory, profile, levels, scale, prompts_per_level, log=typer.echo, limit=limit)
+    except fleet.InventoryError as error:
+        _fail(f"error: {error}", EXIT_BAD_INPUT)
     out.mkdir(parents=True, exist_ok=True)
     benchmark.write_json(points, out / "bench.json")
     benchmark.print_table(points)

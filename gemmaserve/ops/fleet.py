@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -89,8 +90,10 @@ def run_with_secret(target, command: str, secret: str, timeout: float = 3600) ->
     return channel.recv_exit_status(), stdout.decode(errors="replace"), stderr.decode(errors="replace")
 
 
-def load(inventory: str | Path = DEFAULT_INVENTORY) -> list[FleetHost]:
-    """Every host of a pyinfra inventory file, read by pyinfra's own inventory loader.
+def load(inventory: str | Path = DEFAULT_INVENTORY, limit: Iterable[str] = ()) -> list[FleetHost]:
+    """Every host of a pyinfra inventory file, read by pyinfra's own inventory loader; with `limit`, the hosts
+    pyinfra's `--limit` would pick (each pattern a group name, else a glob on host names), in inventory order.
+    A pattern that picks no host is an error: a command that checks nothing must not look like a pass.
 
     The loader runs in a child interpreter: importing pyinfra's CLI package monkey-patches the whole
     process for gevent, which must not happen to a process that already runs threads (pytest, paramiko).
@@ -100,9 +103,12 @@ def load(inventory: str | Path = DEFAULT_INVENTORY) -> list[FleetHost]:
         path = (Path.cwd() / path) if (Path.cwd() / path).exists() else REPO / path
     if not path.is_file():
         raise FileNotFoundError(f"--inventory {inventory}: no such inventory file")
+    limit = list(limit)
     result = subprocess.run(
-        [sys.executable, "-m", "gemmaserve.ops.fleet", str(path)], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "gemmaserve.ops.fleet", str(path), *limit], cwd=REPO, capture_output=True, text=True
     )
+    if result.returncode == NO_MATCH_EXIT:
+        raise InventoryError(f"{inventory}: {result.stderr.strip()}")
     if result.returncode:
         raise InventoryError(f"{inventory}: pyinfra could not load it:\n{result.stderr.strip()[-2000:]}")
     return [FleetHost(name, data) for name, data in json.loads(result.stdout)]
@@ -112,15 +118,34 @@ class InventoryError(Exception):
     pass
 
 
-def _dump_inventory(path: str) -> None:
-    """`python -m gemmaserve.ops.fleet INVENTORY`: [[name, host data], ...] as JSON, as pyinfra loads them."""
+# The loader's exit status when a --limit pattern picks no host (its stderr says which).
+NO_MATCH_EXIT = 3
+
+
+def _dump_inventory(path: str, limit: list[str]) -> None:
+    """`python -m gemmaserve.ops.fleet INVENTORY [PATTERN...]`: [[name, host data], ...] as JSON, as pyinfra
+    loads them; with patterns, only the hosts they pick (as pyinfra's `--limit` does: a group's hosts, else
+    host names matching the glob)."""
     from pyinfra.api import State
+    from pyinfra.api.exceptions import NoGroupError
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
     ctx_state.set(State())  # the loader records which file it executes on the current state
     inventory = make_inventory(path, cwd=str(REPO))
-    print(json.dumps([[host.name, host.data.dict()] for host in inventory], default=str))
+    picked = set()
+    for pattern in limit:
+        try:
+            matches = set(inventory.get_group(pattern))
+        except NoGroupError:
+            matches = {host for host in inventory if fnmatch(host.name, pattern)}
+        if not matches:
+            names = ", ".join(host.name for host in inventory) or "none"
+            print(f"--limit {pattern!r}: no group or host of that name; its hosts: {names}", file=sys.stderr)
+            raise SystemExit(NO_MATCH_EXIT)
+        picked |= matches
+    hosts = [host for host in inventory if not limit or host in picked]
+    print(json.dumps([[host.name, host.data.dict()] for host in hosts], default=str))
 
 
 @dataclass(frozen=True)
@@ -217,4 +242,4 @@ def run_pyinfra(
 
 
 if __name__ == "__main__":
-    _dump_inventory(sys.argv[1])
+    _dump_inventory(sys.argv[1], sys.argv[2:])

@@ -14,6 +14,8 @@ from gemmaserve.ops.endpoint import API_KEY_ENV, EndpointError
 from gemmaserve.plan import Plan
 
 SEPARATOR = "----gemmaserve-status----"
+# The unit state of every replica of a host that ssh could not reach; `phase` then says why.
+UNREACHABLE = "unreachable"
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eE]+|NaN)$")
 
 
@@ -71,6 +73,24 @@ def replica_status(
     )
 
 
+def unreachable(host: str, index: int, reason: str, endpoint: str) -> ReplicaStatus:
+    """A replica of a host ssh could not reach: nothing is known of it but why."""
+    return ReplicaStatus(
+        host=host,
+        index=index,
+        unit=f"vllm@{index}.service",
+        state=UNREACHABLE,
+        healthy=False,
+        model=None,
+        running=None,
+        waiting=None,
+        kv_cache_usage=None,
+        prefix_cache_hit_rate=None,
+        phase=reason,
+        endpoint=endpoint,
+    )
+
+
 def unit_phase(chunk: str) -> str:
     """The probe's last part: the replica's status line, then the weights unit's "ActiveState|StatusText|"."""
     body = chunk[1:] if chunk.startswith("\n") else chunk  # the separator's own newline
@@ -116,11 +136,20 @@ def endpoint_check(host: fleet.FleetHost) -> str:
     return "ok" if code == 200 else f"HTTP {code}"
 
 
-def collect(inventory: str) -> list[ReplicaStatus]:
+def collect(inventory: str, limit: list[str] | tuple[str, ...] = ()) -> list[ReplicaStatus]:
+    """Every replica of every host (or of the hosts `limit` picks); a host ssh cannot reach gets a row per
+    replica in state "unreachable" with the reason, and the others are still read."""
+    import paramiko
+
     statuses = []
-    for host in fleet.load(inventory):
+    for host in fleet.load(inventory, limit):
         name, serving = host.name, host.plan
-        output = host.connect().run(f"sh -c {shlex.quote(probe_script(serving))}").stdout
+        try:
+            output = host.connect().run(f"sh -c {shlex.quote(probe_script(serving))}").stdout
+        except (OSError, EOFError, paramiko.SSHException) as error:
+            reason, endpoint = f"ssh {host.address}: {error}".replace("\n", " ")[:120], endpoint_check(host)
+            statuses += [unreachable(name, replica.index, reason, endpoint) for replica in serving.replicas]
+            continue
         chunks = output.split(SEPARATOR)
         endpoint = endpoint_check(host)
         for replica in serving.replicas:

@@ -114,17 +114,14 @@ def up_hosts(indices: Iterable[int], bind_ro: Iterable[str] = (), log: Log = pla
     ready: list[Host] = []
     try:
         with state.locked_state() as st:
+            _remove_dead(st, log)
             wanted = []
             for index in indices:
                 existing = st.host(state.host_name(index))
-                if existing and machine.is_alive(existing):
+                if existing:
                     log(f"{existing.name}: already up at {existing.address} (pid {existing.pid})")
                     ready.append(existing)
                     continue
-                if existing:
-                    log(f"{existing.name}: found dead, cleaning up before starting it again")
-                    _teardown(existing, log)
-                    st.hosts.remove(existing)
                 wanted.append(state.new_host(index))
             try:
                 if wanted:
@@ -136,6 +133,17 @@ def up_hosts(indices: Iterable[int], bind_ro: Iterable[str] = (), log: Log = pla
     finally:
         _remove_empty_state()
     return sorted(ready, key=lambda h: h.index)
+
+
+def _remove_dead(st: State, log: Log) -> None:
+    """Remove every recorded host whose systemd-nspawn is gone (the machine rebooted, or a run was killed):
+    its netns, veth, cgroups and files, and its record, which would otherwise stay in hosts/sandbox.py as a
+    host nothing answers on. Under the sandbox lock no host is between its stop and start (a reboot holds it)."""
+    for host in [h for h in st.hosts if not machine.is_alive(h)]:
+        log(f"{host.name}: found dead (its systemd-nspawn, pid {host.pid}, is gone); removing what it left")
+        _teardown(host, log)
+        st.hosts.remove(host)
+        state.save_state(st)
 
 
 def _bring_up_all(wanted: list[Host], st: State, bind_ro: Iterable[str], log: Log) -> None:

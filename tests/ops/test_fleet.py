@@ -4,8 +4,13 @@ The samples are pyinfra 3.10's output from real deploys to a sandbox host (trimm
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
+from gemmaserve.ops import fleet
 from gemmaserve.ops.fleet import PyinfraRun
 
 RESULTS = """--> Results:
@@ -42,3 +47,52 @@ def test_missing_tables_are_errors_not_zeros() -> None:
         PyinfraRun(1, "--> An exception occurred in: deploy.py", 1.0).totals()
     with pytest.raises(ValueError, match="no detected-changes table"):
         PyinfraRun(0, RESULTS, 1.0).proposed_changes()
+
+
+INVENTORY = """
+web = [("gpu-1", {"ssh_port": 2201}), ("gpu-10", {}), ("gpu-101", {})]
+db = [("db-1", {})]
+"""
+
+
+# pyinfra's own `--limit` matcher (its CLI's), the oracle; in a child interpreter, as fleet.load reads
+# inventories, because importing pyinfra_cli monkey-patches the whole process for gevent.
+ORACLE = """
+import json, sys
+from pyinfra.api import State
+from pyinfra.context import ctx_state
+from pyinfra_cli.cli import _get_inventory_pattern_matches
+from pyinfra_cli.inventory import make_inventory
+
+ctx_state.set(State())
+inventory = make_inventory(sys.argv[1], cwd=sys.argv[2])
+picked = set(_get_inventory_pattern_matches(inventory, sys.argv[3:], "--limit"))
+print(json.dumps([host.name for host in inventory if host in picked]))
+"""
+
+
+def pyinfra_limit(path, patterns: list[str]) -> list[str]:
+    """The hosts pyinfra's `--limit` picks, in inventory order."""
+    command = [sys.executable, "-c", ORACLE, str(path), str(fleet.REPO), *patterns]
+    return json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+
+
+@pytest.mark.parametrize("patterns", [["gpu-1"], ["gpu-10"], ["gpu-1*"], ["db"], ["gpu-1", "db"], ["*-1"]])
+def test_limit_picks_what_pyinfras_limit_picks(tmp_path, patterns) -> None:
+    """`--limit sandbox-1` once ran the verify suite on sandbox-101 and -102 too (pytest's -k matched a
+    substring); a limit picks exactly the hosts pyinfra would deploy to, with their host data."""
+    path = tmp_path / "inventory.py"
+    path.write_text(INVENTORY)
+    hosts = fleet.load(path, patterns)
+    assert [h.name for h in hosts] == pyinfra_limit(path, patterns)
+    if patterns == ["gpu-1"]:
+        assert [(h.name, h.data["ssh_port"]) for h in hosts] == [("gpu-1", 2201)]
+    assert [h.name for h in fleet.load(path)] == ["gpu-1", "gpu-10", "gpu-101", "db-1"]
+
+
+def test_a_limit_that_picks_nothing_is_an_error_naming_the_hosts(tmp_path) -> None:
+    path = tmp_path / "inventory.py"
+    path.write_text(INVENTORY)
+    with pytest.raises(fleet.InventoryError) as caught:
+        fleet.load(path, ["gpu-1", "gpu-2"])
+    assert "--limit 'gpu-2'" in str(caught.value) and "gpu-1, gpu-10, gpu-101, db-1" in str(caught.value)

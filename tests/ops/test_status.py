@@ -1,7 +1,13 @@
 """Parsing what `gemmaserve status` reads from a replica."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
+from gemmaserve.ops import fleet
+from gemmaserve.ops.endpoint import API_KEY_ENV, CA_CERT_ENV
 from gemmaserve.ops.status import metric_sums, probe_script, replica_status
 from gemmaserve.plan import plan
 from gemmaserve.sandbox.profile import sandbox_host_data
@@ -47,3 +53,40 @@ def test_phase_is_the_weights_units_line_while_it_fetches():
     assert unit_phase(fetching) == "fetching weights: 10/100 MiB (10%), 5 MiB/s"
     assert unit_phase("\ncompiling (3 new compile-cache files)\ninactive||\n").startswith("compiling")
     assert unit_phase("\n\ninactive||\n") == ""
+
+
+def closed_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def status_cli(*args: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, CA_CERT_ENV)}
+    command = [sys.executable, "-m", "gemmaserve", "status", *args]
+    return subprocess.run(command, cwd=fleet.REPO, capture_output=True, text=True, timeout=120, env=environ)
+
+
+def test_a_host_ssh_cannot_reach_is_a_row_per_replica_and_exit_1(tmp_path):
+    """A fleet with a host down still gets a report: its replicas say why, the command exits 1, and the
+    other hosts are read (the sandbox test proves that half against a serving host)."""
+    data = {**sandbox_host_data(), "gemmaserve_accelerator": {"kind": "cpu", "count": 2}}
+    data.update(ssh_hostname="127.0.0.1", ssh_port=closed_loopback_port(), ssh_user="root")
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"hosts = [('ghost-1', {data!r}), ('ghost-2', {data!r})]\n")
+    result = status_cli("--inventory", str(inventory), "--limit", "ghost-1", "--json")
+    assert result.returncode == 1, result.stderr[-2000:]
+    rows = json.loads(result.stdout)["replicas"]
+    assert [(r["host"], r["index"], r["state"], r["healthy"]) for r in rows] == [
+        ("ghost-1", 0, "unreachable", False),
+        ("ghost-1", 1, "unreachable", False),
+    ]
+    assert all(r["phase"].startswith("ssh 127.0.0.1: ") and "Unable to connect" in r["phase"] for r in rows)
+    assert "unreachable over ssh: ghost-1" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_limit_that_picks_no_host_is_bad_input(tmp_path):
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"hosts = [('sandbox-1', {sandbox_host_data()!r})]\n")
+    result = status_cli("--inventory", str(inventory), "--limit", "sandbox-2")
+    assert result.returncode == 2 and "--limit 'sandbox-2'" in result.stderr and "sandbox-1" in result.stderr

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -116,6 +118,33 @@ def test_down_keeps_nat_while_another_host_is_up(request: pytest.FixtureRequest,
     assert network.nft_table_exists()
     lifecycle.down([state.host_name(second)])
     assert network.nft_table_exists() == bool(state.load_state().hosts)
+
+
+@pytest.mark.sandbox_teardown
+def test_up_removes_a_host_whose_nspawn_died(request: pytest.FixtureRequest, sandbox_ready: None) -> None:
+    """A host whose systemd-nspawn is gone (the machine restarted mid-run, or the run was killed) leaves its
+    netns, veth, cgroups, files and record; the next `up`, of any host, removes them, so hosts/sandbox.py stops
+    listing a host nothing answers on (CI once ran `status` and `verify` on two such hosts and failed)."""
+    from tests.sandbox_fixtures import bring_up
+
+    first, second = state.free_indices(2)
+    dead, alive = bring_up([first, second], request)
+    leader = machine.leader_pid(dead)
+    assert leader is not None
+    os.kill(leader, signal.SIGKILL)  # its PID 1, by the PID recorded for it: the whole host dies at once
+    wait_until(lambda: not machine.is_alive(dead), timeout=30, what=f"{dead.name}'s systemd-nspawn to exit")
+    assert state.load_state().host(dead.name) is not None
+    assert Path(f"/sys/class/net/{dead.veth}").exists() and Path(dead.root).exists()
+
+    lines: list[str] = []
+    assert [h.name for h in lifecycle.up_hosts([second], log=lines.append)] == [alive.name]
+    print("\n" + "\n".join(lines))
+    assert any(line.startswith(f"{dead.name}: found dead") for line in lines), lines
+    assert state.load_state().host(dead.name) is None and machine.is_alive(state.load_state().host(alive.name))
+    assert dead.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not Path(f"/sys/class/net/{dead.veth}").exists() and not Path(dead.root).exists()
+    assert not any((root / "gemmaserve" / dead.name).exists() for root in cgroups.cgroup_roots())
+    assert dead.name not in [h.name for h in fleet.load("hosts/sandbox.py")]
 
 
 # --- a running host ----------------------------------------------------------------------

@@ -13,13 +13,23 @@ from gemmaserve.ops.endpoint import API_KEY_ENV, CA_CERT_ENV
 
 def pytest_addoption(parser) -> None:
     parser.addoption("--inventory", default=None, help="pyinfra inventory of the hosts to verify (e.g. hosts/gpu8.py)")
+    parser.addoption(
+        "--limit",
+        action="append",
+        default=[],
+        help="only these hosts: a group name or a glob on host names, as pyinfra's --limit (repeatable)",
+    )
 
 
 def _hosts(config):
     inventory = config.getoption("--inventory")
     if not inventory:
         raise pytest.UsageError("give --inventory: the pyinfra inventory of the hosts to verify")
-    return [(host.name, host, host.plan) for host in fleet.load(inventory)]
+    try:
+        hosts = fleet.load(inventory, config.getoption("--limit"))
+    except fleet.InventoryError as error:
+        raise pytest.UsageError(str(error)) from None
+    return [(host.name, host, host.plan) for host in hosts]
 
 
 def pytest_generate_tests(metafunc) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 
@@ -364,14 +365,16 @@ def test_plan_capacity_matches_vllms_own_accounting(deployed, sandbox_host, sand
 
 def test_gemmaserve_status_reports_the_replica(deployed, sandbox_plan):
     result = subprocess.run(
-        [sys.executable, "-m", "gemmaserve", "status", "--inventory", "hosts/sandbox.py", "--json"],
+        [sys.executable, "-m", "gemmaserve", "status", "--inventory", "hosts/sandbox.py", "--limit", deployed[0].name]
+        + ["--json"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    (replica,) = [r for r in json.loads(result.stdout)["replicas"] if r["host"] == deployed[0].name]
+    (replica,) = json.loads(result.stdout)["replicas"]
+    assert replica["host"] == deployed[0].name
     assert replica["state"] == "active" and replica["healthy"] is True
     assert replica["model"] == sandbox_plan.model.hf_id
     assert 0.0 <= replica["kv_cache_usage"] <= 1.0 and replica["waiting"] == 0.0
@@ -379,10 +382,34 @@ def test_gemmaserve_status_reports_the_replica(deployed, sandbox_plan):
     assert replica["endpoint"] == "ok"
 
 
+def test_status_reads_a_serving_host_while_another_is_down(deployed, tmp_path):
+    """One host of the inventory down (nothing listens on its ssh port) costs its rows, not the report."""
+    host = deployed[0]
+    data = dict(next(h for h in fleet.load("hosts/sandbox.py") if h.name == host.name).data)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    ghost = {**data, "ssh_hostname": "127.0.0.1", "ssh_port": closed, "gemmaserve_sandbox": False}
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"hosts = [('ghost', {ghost!r}), ({host.name!r}, {data!r})]\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "gemmaserve", "status", "--inventory", str(inventory), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and "unreachable over ssh: ghost" in result.stderr, result.stderr[-2000:]
+    rows = {r["host"]: r for r in json.loads(result.stdout)["replicas"]}
+    assert rows["ghost"]["state"] == "unreachable" and "Unable to connect" in rows["ghost"]["phase"]
+    assert rows[host.name]["state"] == "active" and rows[host.name]["healthy"] is True
+    assert rows[host.name]["endpoint"] == "ok"
+
+
 def test_verify_suite_passes_against_the_sandbox(deployed):
     """The product's own verification suite (tests/verify), run as a user would, against this host."""
     result = subprocess.run(
-        [sys.executable, "-m", "gemmaserve", "verify", "--inventory", "hosts/sandbox.py", "-k", deployed[0].name],
+        [sys.executable, "-m", "gemmaserve", "verify", "--inventory", "hosts/sandbox.py", "--limit", deployed[0].name],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -403,6 +430,8 @@ def test_bench_scaled_down_sweep_writes_table_json_and_plot(deployed, tmp_path):
             "bench",
             "--inventory",
             "hosts/sandbox.py",
+            "--limit",
+            deployed[0].name,
             "--profile",
             "balanced",
             "--profile",
