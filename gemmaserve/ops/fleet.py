@@ -3,9 +3,11 @@ connection, and the one way every command and test runs pyinfra against them."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -14,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +71,19 @@ class FleetHost:
         options: dict[str, Any] = {"ssh_identity_file": self.data["ssh_key"]} if self.data.get("ssh_key") else {}
         if str(self.data.get("ssh_strict_host_key_checking", "")).lower() in ("off", "no", "false"):
             # Inventories that turn host-key checking off (the sandbox regenerates keys on every boot).
-            config = Path(tempfile.mkdtemp(prefix="gemmaserve-ssh-")) / "config"
-            config.write_text("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
-            options["ssh_config"] = str(config)
+            options["ssh_config"] = _no_host_key_checking_config()
         return testinfra.get_host(f"paramiko://{target}", **options)
+
+
+@cache
+def _no_host_key_checking_config() -> str:
+    """The ssh config paramiko reads for such hosts: one file per process, removed when the process exits
+    (one per connection once left a directory in /tmp for every host every command reached)."""
+    directory = tempfile.mkdtemp(prefix="gemmaserve-ssh-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    config = Path(directory) / "config"
+    config.write_text("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
+    return str(config)
 
 
 def run_with_secret(target, command: str, secret: str, timeout: float = 3600) -> tuple[int, str, str]:

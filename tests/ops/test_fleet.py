@@ -5,6 +5,7 @@ The samples are pyinfra 3.10's output from real deploys to a sandbox host (trimm
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -96,3 +97,26 @@ def test_a_limit_that_picks_nothing_is_an_error_naming_the_hosts(tmp_path) -> No
     with pytest.raises(fleet.InventoryError) as caught:
         fleet.load(path, ["gpu-1", "gpu-2"])
     assert "--limit 'gpu-2'" in str(caught.value) and "gpu-1, gpu-10, gpu-101, db-1" in str(caught.value)
+
+
+CONNECT_TWICE = """
+import json, sys
+from gemmaserve.ops.fleet import FleetHost
+
+data = {"ssh_hostname": "10.231.9.2", "ssh_user": "root", "ssh_strict_host_key_checking": "off"}
+configs = [FleetHost(name, data).connect().backend.ssh_config for name in ("a", "b")]
+print(json.dumps([configs, open(configs[0]).read()]))
+"""
+
+
+def test_hosts_without_host_key_checking_share_one_ssh_config_removed_at_exit(tmp_path) -> None:
+    """Connections to hosts that turn host-key checking off (the sandbox) read one ssh config file per
+    process, and the process removes it when it exits (no connection is made: paramiko connects lazily)."""
+    environ = {**os.environ, "TMPDIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", CONNECT_TWICE], capture_output=True, text=True, env=environ, cwd=fleet.REPO
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (first, second), text = json.loads(result.stdout)
+    assert first == second and first.startswith(str(tmp_path)) and "StrictHostKeyChecking no" in text
+    assert list(tmp_path.iterdir()) == []
