@@ -73,24 +73,6 @@ def replica_status(
     )
 
 
-def unreachable(host: str, index: int, reason: str, endpoint: str) -> ReplicaStatus:
-    """A replica of a host ssh could not reach: nothing is known of it but why."""
-    return ReplicaStatus(
-        host=host,
-        index=index,
-        unit=f"vllm@{index}.service",
-        state=UNREACHABLE,
-        healthy=False,
-        model=None,
-        running=None,
-        waiting=None,
-        kv_cache_usage=None,
-        prefix_cache_hit_rate=None,
-        phase=reason,
-        endpoint=endpoint,
-    )
-
-
 def unit_phase(chunk: str) -> str:
     """The probe's last part: the replica's status line, then the weights unit's "ActiveState|StatusText|"."""
     body = chunk[1:] if chunk.startswith("\n") else chunk  # the separator's own newline
@@ -145,17 +127,17 @@ def collect(inventory: str, limit: list[str] | tuple[str, ...] = ()) -> list[Rep
     for host in fleet.load(inventory, limit):
         name, serving = host.name, host.plan
         try:
-            output = host.connect().run(f"sh -c {shlex.quote(probe_script(serving))}").stdout
+            chunks = host.connect().run(f"sh -c {shlex.quote(probe_script(serving))}").stdout.split(SEPARATOR)
         except (OSError, EOFError, paramiko.SSHException) as error:
-            reason, endpoint = f"ssh {host.address}: {error}".replace("\n", " ")[:120], endpoint_check(host)
-            statuses += [unreachable(name, replica.index, reason, endpoint) for replica in serving.replicas]
-            continue
-        chunks = output.split(SEPARATOR)
+            chunks, reason = None, f"ssh {host.address}: {error}".replace("\n", " ")[:120]
         endpoint = endpoint_check(host)
         for replica in serving.replicas:
-            raw = chunks[replica.index * 5 : replica.index * 5 + 5]
-            state, code, models, metrics = (c.strip() for c in raw[:4])
-            status = replica_status(name, replica.index, state, code, models, metrics, unit_phase(raw[4]))
+            if chunks is None:  # nothing is known of it but why
+                status = replica_status(name, replica.index, UNREACHABLE, "", "", "", reason)
+            else:
+                raw = chunks[replica.index * 5 : replica.index * 5 + 5]
+                state, code, models, metrics = (c.strip() for c in raw[:4])
+                status = replica_status(name, replica.index, state, code, models, metrics, unit_phase(raw[4]))
             status.endpoint = endpoint
             statuses.append(status)
     return statuses

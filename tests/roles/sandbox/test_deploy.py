@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 
@@ -17,6 +16,7 @@ from gemmaserve.ops.verify.processes import server_pid
 from gemmaserve.plan import plan
 from gemmaserve.sandbox.profile import OVERRIDE_ENV, sandbox_host_data
 from gemmaserve.sources import load_stack_spec, spec_from_host_data
+from tests.ops.test_status import closed_loopback_port
 from tests.sandbox_fixtures import deploy, sandbox_endpoint
 
 pytestmark = pytest.mark.sandbox
@@ -385,11 +385,9 @@ def test_gemmaserve_status_reports_the_replica(deployed, sandbox_plan):
 def test_status_reads_a_serving_host_while_another_is_down(deployed, tmp_path):
     """One host of the inventory down (nothing listens on its ssh port) costs its rows, not the report."""
     host = deployed[0]
-    data = dict(next(h for h in fleet.load("hosts/sandbox.py") if h.name == host.name).data)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed = probe.getsockname()[1]
-    ghost = {**data, "ssh_hostname": "127.0.0.1", "ssh_port": closed, "gemmaserve_sandbox": False}
+    (this,) = fleet.load("hosts/sandbox.py", [host.name])
+    data = dict(this.data)
+    ghost = {**data, "ssh_hostname": "127.0.0.1", "ssh_port": closed_loopback_port(), "gemmaserve_sandbox": False}
     inventory = tmp_path / "inventory.py"
     inventory.write_text(f"hosts = [('ghost', {ghost!r}), ({host.name!r}, {data!r})]\n")
     result = subprocess.run(
