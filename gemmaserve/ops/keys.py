@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -160,45 +161,206 @@ def secret_manager_client():
     )
 
 
+# How long a reader or writer waits for another writer's change to finish (its claim is a disabled latest
+# version for one addVersion round trip) before it reports the version as stuck.
+CLAIM_WAIT_S = 20.0
+# How many times a writer re-reads and retries after another writer claimed the version it read.
+WRITE_ATTEMPTS = 50
+# Marks a version built on no earlier version (the secret had none). Version 1 is the first; a marked
+# version numbered higher lost a race with another first writer: every reader and writer passes over it,
+# and its own writer applies its change again on the store below it (it has printed no key yet).
+FIRST_VERSION = "# gemmaserve keys: built on no earlier version\n"
+
+
+@dataclass(frozen=True)
+class SecretVersion:
+    number: int
+    state: str  # ENABLED, DISABLED or DESTROYED
+    etag: str
+
+    @classmethod
+    def of(cls, version) -> SecretVersion:
+        # Answers name the project by number where requests named it by id: compare version numbers only.
+        return cls(
+            int(version.name.rsplit("/", 1)[1]), getattr(version.state, "name", str(version.state)), version.etag
+        )
+
+
+@dataclass(frozen=True)
+class Base:
+    """What a change builds on: the store held in `version` (None: the secret has no version yet)."""
+
+    version: SecretVersion | None
+    entries: list
+
+
+def _refused(error: Exception) -> bool:
+    """Did Secret Manager refuse a precondition: an etag that is no longer current, or a version that is not
+    ENABLED? FAILED_PRECONDITION, HTTP 400 (https://cloud.google.com/secret-manager/docs/etags); AIP-154 lets
+    services answer ABORTED. Over gRPC the exception's class says so; over REST it is a BadRequest whose body
+    does."""
+    from google.api_core import exceptions
+
+    if isinstance(error, exceptions.FailedPrecondition | exceptions.Aborted):
+        return True
+    try:
+        status = error.response.json()["error"]["status"]
+    except Exception:  # noqa: BLE001 - not a REST answer carrying a status
+        return False
+    return status in ("FAILED_PRECONDITION", "ABORTED")
+
+
 class SecretKeys:
-    """The key store held in a Secret Manager secret: the latest version is the store."""
+    """The key store held in a Secret Manager secret, one version per change.
 
-    def __init__(self, secret: str, client=None):
+    Hosts fetch `versions/latest` (their service account may access versions, nothing more), so the newest
+    version is the store they serve. Writers are serialised by the etags Secret Manager keeps on each version
+    (https://cloud.google.com/secret-manager/docs/etags): a writer first *claims* the version its change
+    builds on by disabling it with the etag it read, which succeeds for exactly one writer; only then does it
+    add the new version. A writer whose claim is refused reads again and applies its change again, so a
+    revoke and a concurrent add both hold. While a claim is held the latest version is disabled: hosts keep
+    the keys they fetched last, other writers and readers wait for the new version. A latest version that
+    stays disabled, or is destroyed, is reported, never read as an empty store.
+    """
+
+    def __init__(self, secret: str, client=None, sleep=time.sleep, clock=time.monotonic):
         self.secret, self.client = secret, client or secret_manager_client()
+        self.sleep, self.clock = sleep, clock
 
-    def read(self) -> list:
+    def _name(self, number: int | str) -> str:
+        return f"{self.secret}/versions/{number}"
+
+    def _get(self, number: int | str) -> SecretVersion | None:
         from google.api_core import exceptions
 
         try:
-            response = self.client.access_secret_version(name=f"{self.secret}/versions/latest")
+            return SecretVersion.of(self.client.get_secret_version(name=self._name(number)))
         except exceptions.NotFound:
             try:
                 self.client.get_secret(name=self.secret)
             except exceptions.NotFound:
                 raise KeysError(f"{self.secret}: no such secret (run `pulumi up` for the stack first)") from None
-            return []  # the stack made the secret; no key was added yet
-        except exceptions.FailedPrecondition:
-            return []  # the latest version is disabled or destroyed
+            return None
         except exceptions.PermissionDenied as error:
             raise KeysError(f"{self.secret}: permission denied ({error.message})") from None
-        return store_format().parse_store(response.payload.data.decode(), self.secret)
 
-    def write(self, entries: list) -> str:
-        """Add the store as a new version and disable the versions it supersedes; returns the new version's name."""
-        text = store_format().format_store(entries)
-        version = self.client.add_secret_version(parent=self.secret, payload={"data": text.encode()})
+    def _text(self, version: SecretVersion) -> str | None:
+        """The store text of an ENABLED version; None when it was disabled meanwhile."""
+        try:
+            response = self.client.access_secret_version(name=self._name(version.number))
+        except Exception as error:
+            if _refused(error):
+                return None
+            raise
+        return response.payload.data.decode()
+
+    def _stuck(self, version: SecretVersion) -> KeysError:
+        project, _, secret = self.secret.removeprefix("projects/").partition("/secrets/")
+        if version.state == "DESTROYED":
+            fix = (
+                "its keys cannot be read back; add a version holding the keys you want by hand "
+                f"(`gcloud secrets versions add {secret} --project {project} --data-file STORE`)"
+            )
+        else:
+            fix = (
+                f"no `gemmaserve keys` change finished it within {CLAIM_WAIT_S:g} s, so one was interrupted (or "
+                "someone disabled it): check it, then "
+                f"`gcloud secrets versions enable {version.number} --secret {secret} --project {project}`"
+            )
+        return KeysError(
+            f"{self._name(version.number)} is {version.state}: hosts keep the keys they fetched last, and the "
+            f"store cannot be read, so nothing was listed or changed (it is not an empty store); {fix}"
+        )
+
+    def base(self) -> Base:
+        """The store the next change builds on: the latest version (passing over first versions that lost
+        a race), once no other writer's claim is held on it."""
+        deadline, delay = self.clock() + CLAIM_WAIT_S, 0.05
+        while True:
+            version = self._get("latest")
+            while version is not None:
+                if version.state == "DESTROYED":
+                    raise self._stuck(version)
+                if version.state != "ENABLED":
+                    break  # a claim is held: wait for the version its writer adds
+                text = self._text(version)
+                if text is None:
+                    version = self._get(version.number)  # claimed while we read it
+                    break
+                if not (version.number > 1 and FIRST_VERSION in text):
+                    return Base(version, store_format().parse_store(text, self._name(version.number)))
+                version = self._get(version.number - 1)
+            if version is None:
+                return Base(None, [])
+            if self.clock() >= deadline:
+                raise self._stuck(version)
+            self.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def read(self) -> list:
+        return self.base().entries
+
+    def _add(self, entries: list, first: bool) -> SecretVersion:
+        text = store_format().format_store(entries) + (FIRST_VERSION if first else "")
+        return SecretVersion.of(self.client.add_secret_version(parent=self.secret, payload={"data": text.encode()}))
+
+    def _set_state(self, verb: str, version: SecretVersion) -> SecretVersion | None:
+        """disable/enable `version` if its etag is still the one read; None when it is not."""
+        call = getattr(self.client, f"{verb}_secret_version")
+        try:
+            return SecretVersion.of(call(request={"name": self._name(version.number), "etag": version.etag}))
+        except Exception as error:
+            if _refused(error):
+                return None
+            raise
+
+    def change(self, apply) -> str:
+        """Apply `apply(entries) -> entries` to the store as one new version; returns the version's name."""
+        for _ in range(WRITE_ATTEMPTS):
+            base = self.base()
+            entries = apply(base.entries)
+            if base.version is None:
+                new = self._add(entries, first=True)
+                if new.number == 1:
+                    return self._name(new.number)
+                continue  # another first writer made version 1: build on it (base() passes over ours)
+            claim = self._set_state("disable", base.version)
+            if claim is None:
+                continue  # another writer claimed it first: read what that writer adds
+            try:
+                new = self._add(entries, first=False)
+            except BaseException:
+                self._set_state("enable", claim)  # give the claim back: hosts follow the old store again
+                raise
+            self._disable_older(new)
+            return self._name(new.number)
+        raise KeysError(f"{self.secret}: other writers kept changing the keys; gave up after {WRITE_ATTEMPTS} tries")
+
+    def _disable_older(self, new: SecretVersion) -> None:
+        """Versions an earlier gemmaserve left enabled, and first versions that lost a race: only older ones,
+        never a newer one (another writer's)."""
         for old in self.client.list_secret_versions(request={"parent": self.secret, "filter": "state:ENABLED"}):
-            if old.name != version.name:
+            if SecretVersion.of(old).number < new.number:
                 self.client.disable_secret_version(name=old.name)
-        return version.name
 
 
 def secret_change(secret: str, action: str, key_id: str, digest: str | None = None, client=None) -> str:
-    store = SecretKeys(secret, client)
     program = store_format()
-    entries = store.read()
-    changed = program.add_entry(entries, key_id, digest) if action == "add" else program.revoke_entry(entries, key_id)
-    return store.write(changed)
+    store = SecretKeys(secret, client)
+
+    def apply(entries: list) -> list:
+        return program.add_entry(entries, key_id, digest) if action == "add" else program.revoke_entry(entries, key_id)
+
+    version = store.change(apply)
+    # Read back what hosts will fetch: the change holds there (or a later writer built on it).
+    now = {e.id: e.digest for e in store.read()}
+    held = now.get(key_id) == digest if action == "add" else key_id not in now
+    if not held:
+        raise KeysError(
+            f"{version} was written, but the store read back does not show the change: "
+            "another writer changed the same key id; run `gemmaserve keys list`"
+        )
+    return version
 
 
 def secret_list(secret: str, client=None) -> list[dict[str, str]]:

@@ -7,11 +7,13 @@ request schema. `--inventory` runs against a real sandbox host in tests/roles/sa
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import re
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -20,11 +22,13 @@ import pytest
 import yaml
 
 from gemmaserve.sandbox.credentials import key_digest
+from tests.roles.files.programs import load
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "demo-project"
 # The stack file says `api-keys`; the stack creates it under its own prefix (stack_secret_name).
 SECRET = f"projects/{PROJECT}/secrets/gs-gpu8-api-keys"
+secret_fetch = load("_lib", "secret_fetch")
 
 
 def discovery() -> dict:
@@ -70,14 +74,47 @@ def fits(schemas: dict, schema: dict, value, where: str) -> list[str]:
 
 
 class FakeSecretManager(BaseHTTPRequestHandler):
+    """Secret Manager as documented: versions numbered from 1 (`latest` is the most recently created, whatever
+    its state), ENABLED/DISABLED/DESTROYED, an etag on the Secret and on each SecretVersion that changes with
+    every change of that resource only, and disable/enable/destroy refused with FAILED_PRECONDITION (HTTP 400)
+    when a given etag is not the current one (https://cloud.google.com/secret-manager/docs/etags)."""
+
     document = discovery()
     routes = [
         (m["httpMethod"], re.compile("^/" + re.sub(r"\{[^}]+\}", "[^/:]+", m["flatPath"]) + "$"), m)
         for m in methods(document)
     ]
     secrets: dict[str, list[dict]] = {}
+    secret_etags: dict[str, str] = {}
     problems: list[str] = []
     calls: list[str] = []
+    # Seconds every answer waits before it is sent: lets concurrent writers interleave in tests.
+    delay = 0.0
+    lock = threading.Lock()
+    etags = itertools.count(1)
+
+    @classmethod
+    def reset(cls, secrets: dict[str, list[dict]]) -> None:
+        cls.secrets, cls.problems, cls.calls, cls.delay = secrets, [], [], 0.0
+        cls.secret_etags = {name: cls.new_etag() for name in secrets}
+
+    @classmethod
+    def new_etag(cls) -> str:
+        return f'"{next(cls.etags):x}"'  # quotes included, as AIP-154 has them
+
+    @classmethod
+    def add(cls, secret: str, text: str, state: str = "ENABLED") -> dict:
+        """A version as addVersion makes it (tests use it to set up a secret's history)."""
+        versions = cls.secrets[secret]
+        version = {
+            "name": f"{secret}/versions/{len(versions) + 1}",
+            "state": state,
+            "data": base64.b64encode(text.encode()).decode(),
+            "etag": cls.new_etag(),
+            "createTime": f"2026-01-01T00:00:{len(versions):02d}Z",
+        }
+        versions.append(version)
+        return version
 
     def _route(self, http_method: str):
         url = urlparse(self.path)
@@ -110,35 +147,64 @@ class FakeSecretManager(BaseHTTPRequestHandler):
     def _error(self, code: int, status: str, message: str) -> None:
         self._send(code, {"error": {"code": code, "message": message, "status": status}})
 
+    def _version(self, name: str) -> dict | None:
+        """projects/P/secrets/S/versions/N|latest -> the version, None when there is none."""
+        secret, _, number = name.partition("/versions/")
+        versions = self.secrets.get(secret) or []
+        if number == "latest":
+            return versions[-1] if versions else None
+        return versions[int(number) - 1] if number.isdigit() and 0 < int(number) <= len(versions) else None
+
+    @staticmethod
+    def _public(version: dict) -> dict:
+        return {key: version[key] for key in ("name", "state", "etag", "createTime", "destroyTime") if key in version}
+
     def do_GET(self):  # noqa: N802 - http.server's API
+        time.sleep(self.delay)
+        with self.lock:
+            self._get()
+
+    def do_POST(self):  # noqa: N802 - http.server's API
+        time.sleep(self.delay)
+        with self.lock:
+            self._post()
+
+    def _get(self) -> None:
         spec, url = self._route("GET")
         path = url.path.removeprefix("/v1/")
         if spec is None:
             return self._error(404, "NOT_FOUND", "no such method")
-        if spec["id"].endswith("versions.access"):
-            secret = path.split("/versions/")[0]
-            versions = self.secrets.get(secret)
-            if versions is None:
-                return self._error(404, "NOT_FOUND", f"Secret [{secret}] not found.")
-            enabled = [v for v in versions if v["state"] == "ENABLED"]
-            if not versions:
-                return self._error(404, "NOT_FOUND", f"Secret Version [{secret}/versions/latest] not found.")
-            if not enabled or versions[-1]["state"] != "ENABLED":
-                return self._error(400, "FAILED_PRECONDITION", "latest is disabled")
-            latest = versions[-1]
-            return self._send(200, {"name": latest["name"], "payload": {"data": latest["data"]}})
         if spec["id"].endswith("secrets.get"):
             if path not in self.secrets:
                 return self._error(404, "NOT_FOUND", f"Secret [{path}] not found.")
-            return self._send(200, {"name": path})
+            return self._send(200, {"name": path, "etag": self.secret_etags[path]})
         if spec["id"].endswith("versions.list"):
             secret = path.removesuffix("/versions")
+            if secret not in self.secrets:
+                return self._error(404, "NOT_FOUND", f"Secret [{secret}] not found.")
             wanted = parse_qs(url.query).get("filter", [""])[0]
-            versions = [v for v in self.secrets.get(secret, []) if wanted != "state:ENABLED" or v["state"] == "ENABLED"]
-            return self._send(200, {"versions": [{"name": v["name"], "state": v["state"]} for v in versions]})
+            if wanted not in ("", "state:ENABLED"):
+                self.problems.append(f"versions.list: the fake knows no filter {wanted!r}")
+            chosen = [v for v in self.secrets[secret] if not wanted or v["state"] == "ENABLED"]
+            # ListSecretVersionsResponse.versions: "sorted in reverse by create_time (newest first)".
+            return self._send(200, {"versions": [self._public(v) for v in reversed(chosen)]})
+        name = path.removesuffix(":access")
+        if name.split("/versions/")[0] not in self.secrets:
+            return self._error(404, "NOT_FOUND", f"Secret [{name.split('/versions/')[0]}] not found.")
+        version = self._version(name)
+        if version is None:
+            return self._error(404, "NOT_FOUND", f"Secret Version [{name}] not found.")
+        if spec["id"].endswith("versions.get"):
+            return self._send(200, self._public(version))
+        if spec["id"].endswith("versions.access"):
+            if version["state"] != "ENABLED":
+                return self._error(400, "FAILED_PRECONDITION", f"{version['name']} is in {version['state']} state.")
+            data = base64.b64decode(version["data"])
+            payload = {"data": version["data"], "dataCrc32c": str(secret_fetch.crc32c(data))}
+            return self._send(200, {"name": version["name"], "payload": payload})
         return self._error(501, "UNIMPLEMENTED", spec["id"])
 
-    def do_POST(self):  # noqa: N802 - http.server's API
+    def _post(self) -> None:
         spec, url = self._route("POST")
         if spec is None:
             return self._error(404, "NOT_FOUND", "no such method")
@@ -146,19 +212,24 @@ class FakeSecretManager(BaseHTTPRequestHandler):
         path = url.path.removeprefix("/v1/")
         if spec["id"].endswith("secrets.addVersion"):
             secret = path.removesuffix(":addVersion")
-            versions = self.secrets[secret]
-            version = {
-                "name": f"{secret}/versions/{len(versions) + 1}",
-                "state": "ENABLED",
-                "data": body["payload"]["data"],
-            }
-            versions.append(version)
-            return self._send(200, {"name": version["name"], "state": "ENABLED"})
-        if spec["id"].endswith("versions.disable"):
-            name = path.removesuffix(":disable")
-            version = next(v for v in self.secrets[name.split("/versions/")[0]] if v["name"] == name)
-            version["state"] = "DISABLED"
-            return self._send(200, {"name": name, "state": "DISABLED"})
+            if secret not in self.secrets:
+                return self._error(404, "NOT_FOUND", f"Secret [{secret}] not found.")
+            version = self.add(secret, base64.b64decode(body["payload"]["data"]).decode())
+            return self._send(200, self._public(version))
+        verb = path.rsplit(":", 1)[-1]
+        if verb in ("disable", "enable", "destroy"):
+            version = self._version(path.removesuffix(f":{verb}"))
+            if version is None:
+                return self._error(404, "NOT_FOUND", f"Secret Version [{path}] not found.")
+            if body.get("etag") and body["etag"] != version["etag"]:
+                return self._error(400, "FAILED_PRECONDITION", f"etag {body['etag']} is not the current etag")
+            if version["state"] == "DESTROYED":
+                return self._error(400, "FAILED_PRECONDITION", f"{version['name']} is in DESTROYED state.")
+            version["state"] = {"disable": "DISABLED", "enable": "ENABLED", "destroy": "DESTROYED"}[verb]
+            version["etag"] = self.new_etag()
+            if verb == "destroy":
+                version["data"], version["destroyTime"] = "", "2026-01-02T00:00:00Z"
+            return self._send(200, self._public(version))
         return self._error(501, "UNIMPLEMENTED", spec["id"])
 
     def log_message(self, *args):
@@ -167,8 +238,7 @@ class FakeSecretManager(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake(tmp_path):
-    FakeSecretManager.secrets = {SECRET: []}  # `pulumi up` made the secret; no version yet
-    FakeSecretManager.problems, FakeSecretManager.calls = [], []
+    FakeSecretManager.reset({SECRET: []})  # `pulumi up` made the secret; no version yet
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSecretManager)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     # A project directory as `pulumi config set gcp:project` leaves it.
@@ -243,7 +313,7 @@ def test_a_key_from_stdin(fake):
 
 
 def test_missing_secret_is_named(fake):
-    FakeSecretManager.secrets = {}
+    FakeSecretManager.reset({})
     result = keys(fake, "list")
     assert result.returncode == 2 and f"{SECRET}: no such secret (run `pulumi up`" in result.stderr
 
@@ -270,3 +340,104 @@ def test_inventory_hosts_with_a_secret_are_sent_to_stack(tmp_path):
         cwd=REPO,
     )
     assert result.returncode == 2 and "its keys live in Secret Manager; use --stack" in result.stderr
+
+
+# --- concurrent writers and unreadable versions (issue 26) ------------------------------------------------
+
+
+def client_for(fake, monkeypatch):
+    from gemmaserve.ops import keys as keys_ops
+
+    monkeypatch.setenv(keys_ops.ENDPOINT_ENV, fake[0])
+    return keys_ops
+
+
+def cli(fake, *args: str):
+    """The real command line in this process (so a test may shorten its waits)."""
+    from typer.testing import CliRunner
+
+    from gemmaserve.ops.cli import app
+
+    return CliRunner().invoke(app, ["keys", *args, "--stack", "gpu8", "--project-dir", str(fake[1])])
+
+
+def latest_store() -> list[str]:
+    """The ids in the version hosts fetch (`versions/latest`), which must be enabled."""
+    latest = FakeSecretManager.secrets[SECRET][-1]
+    assert latest["state"] == "ENABLED", [v["state"] for v in FakeSecretManager.secrets[SECRET]]
+    text = base64.b64decode(latest["data"]).decode()
+    return sorted(line.split()[0] for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def store_text(*ids: str) -> str:
+    return "".join(f"{i} {key_digest(i)} 2026-01-01T00:00:00Z\n" for i in ids)
+
+
+def run_together(*changes) -> list[BaseException]:
+    """Each change in its own thread, all started at once; the errors they raised."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(changes))
+
+    def run(change):
+        start.wait()
+        try:
+            change()
+        except BaseException as error:  # noqa: BLE001 - reported to the test
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(change,)) for change in changes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return errors
+
+
+def test_a_revoke_and_a_concurrent_add_both_hold(fake, monkeypatch):
+    keys_ops = client_for(fake, monkeypatch)
+    FakeSecretManager.add(SECRET, store_text("alice", "bob"))
+    FakeSecretManager.delay = 0.05  # both writers read before either writes
+    errors = run_together(
+        lambda: keys_ops.secret_change(SECRET, "revoke", "alice"),
+        lambda: keys_ops.secret_change(SECRET, "add", "carol", key_digest("carol")),
+    )
+    assert errors == []
+    assert latest_store() == ["bob", "carol"]  # alice stays revoked, carol stays added
+    assert [v["state"] for v in FakeSecretManager.secrets[SECRET]].count("ENABLED") == 1
+
+
+@pytest.mark.parametrize("writers", [2, 4])
+def test_concurrent_first_keys_are_all_kept(fake, monkeypatch, writers):
+    keys_ops = client_for(fake, monkeypatch)  # the secret has no version yet
+    FakeSecretManager.delay = 0.05
+    ids = [f"client-{i}" for i in range(writers)]
+    errors = run_together(*(lambda i=i: keys_ops.secret_change(SECRET, "add", i, key_digest(i)) for i in ids))
+    assert errors == []
+    assert latest_store() == ids
+
+
+def test_many_concurrent_writers_lose_no_change(fake, monkeypatch):
+    keys_ops = client_for(fake, monkeypatch)
+    FakeSecretManager.add(SECRET, store_text("old-1", "old-2", "old-3"))
+    FakeSecretManager.delay = 0.01
+    changes = [lambda i=i: keys_ops.secret_change(SECRET, "revoke", f"old-{i}") for i in (1, 2, 3)]
+    changes += [
+        lambda i=i: keys_ops.secret_change(SECRET, "add", f"new-{i}", key_digest(f"new-{i}")) for i in (1, 2, 3)
+    ]
+    assert run_together(*changes) == []
+    assert latest_store() == ["new-1", "new-2", "new-3"]
+
+
+def test_a_disabled_latest_version_is_never_an_empty_store(fake, monkeypatch):
+    """An interrupted change (or a person) left the latest version disabled: hosts keep the keys they have;
+    `keys` must neither list nothing nor write a store holding only the new key."""
+    keys_ops = client_for(fake, monkeypatch)
+    FakeSecretManager.add(SECRET, store_text("alice"))
+    FakeSecretManager.add(SECRET, store_text("alice", "bob"), state="DISABLED")
+    monkeypatch.setattr(keys_ops, "CLAIM_WAIT_S", 0.5, raising=False)
+    listed, added = cli(fake, "list"), cli(fake, "add", "carol")
+    assert listed.exit_code == 2 and added.exit_code == 2, (listed.output, added.output)
+    for result in (listed, added):
+        assert f"{SECRET}/versions/2 is DISABLED" in result.stderr, result.stderr
+        assert "gcloud secrets versions enable 2" in result.stderr
+    assert added.stdout == "" and len(FakeSecretManager.secrets[SECRET]) == 2
