@@ -6,7 +6,7 @@ GEMMASERVE := $(VENV)/bin/gemmaserve
 # make demo ENGINE=container: the same demo from a locally built image under podman.
 ENGINE ?= wheel
 
-.PHONY: venv system-packages test test-unit lint demo demo-down
+.PHONY: venv system-packages test check lint demo demo-down
 
 venv: $(VENV)/.installed
 
@@ -24,8 +24,10 @@ system-packages:
 test: venv system-packages lint
 	$(PY) -m pytest
 
-test-unit: venv
-	$(PY) -m pytest tests/unit tests/ops tests/infra tests/policy tests/roles/fixtures tests/roles/files -m "not vllm"
+# The fast tier (docs/testing.md, "Test tiers"): lint and every test needing no sandbox host, no vLLM CPU venv
+# and no network.
+check: venv lint
+	$(PY) -m pytest -m "not sandbox and not vllm and not network"
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,7 +1,8 @@
 """Suite-wide fixtures: sandbox hosts (tests/sandbox_fixtures.py) for the tests that deploy to real hosts, and a
-real GCS API emulator on loopback (tests/gcs_fixtures.py) for the bucket tests. The `[figure]` lines tests print
-(measurements, never asserted as timings) are gathered into one section of the terminal summary, so a CI log
-carries them even when every test passes."""
+real GCS API emulator on loopback (tests/gcs_fixtures.py) for the bucket tests. A test asking for a fixture of the
+sandbox or vllm tier must carry that tier's marker (docs/testing.md, "Test tiers"). The `[figure]` lines tests
+print (measurements, never asserted as timings) are gathered into one section of the terminal summary, so a CI
+log carries them even when every test passes."""
 
 from __future__ import annotations
 
@@ -9,8 +10,38 @@ import pytest
 
 pytest_plugins = ["tests.sandbox_fixtures", "tests.gcs_fixtures"]
 
+# The tier each fixture puts a test in: unmarked, `make check` would boot hosts or build the vLLM CPU venv.
+FIXTURE_TIERS = {
+    "sandbox_ready": "sandbox",
+    "served_assets": "sandbox",
+    "sandbox_hosts": "sandbox",
+    "sandbox_host": "sandbox",
+    "fresh_sandbox_host": "sandbox",
+    "serving_peer": "sandbox",
+    "served_image": "sandbox",
+    "vllm_python": "vllm",
+}
+
 FIGURE = "[figure]"
 _figures: list[tuple[str, str]] = []
+
+
+def unmarked_tiers(items: list[pytest.Item]) -> list[str]:
+    """Each test asking for a tier's fixture without that tier's marker."""
+    problems = []
+    for item in items:
+        used = [f for f in FIXTURE_TIERS if f in getattr(item, "fixturenames", ())]
+        for tier in sorted({FIXTURE_TIERS[f] for f in used if item.get_closest_marker(FIXTURE_TIERS[f]) is None}):
+            fixtures = ", ".join(f for f in used if FIXTURE_TIERS[f] == tier)
+            problems.append(f"{item.nodeid}: uses {fixtures}, so it needs @pytest.mark.{tier}")
+    return problems
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Before `-m` deselects anything: every collected test is held to its fixtures' tiers.
+    if unmarked := unmarked_tiers(items):
+        raise pytest.UsageError("tests missing their tier's marker (docs/testing.md):\n" + "\n".join(unmarked))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

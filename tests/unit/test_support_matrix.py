@@ -6,6 +6,8 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from gemmaserve.engines import ENGINE_PINS, index_urls, requirements
 from roles.nvidia import CUDA_DISTROS, pinning_package
 from roles.nvidia import Settings as NvidiaSettings
@@ -61,6 +63,7 @@ def test_the_matrix_check_can_fail(monkeypatch) -> None:
     assert readme_matrix()["nvidia"] != expected()["nvidia"]
 
 
+@pytest.mark.network
 def test_cuda_13_and_torch_facts_come_from_the_resolved_pin() -> None:
     """The CUDA column's torch pin is the one vLLM 0.32.0 requires (requirements/cuda.txt at the tag);
     the resolver test resolves it (nvidia-cuda-runtime 13.0.x)."""

