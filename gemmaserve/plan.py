@@ -214,6 +214,8 @@ class Capacity:
     accounting: str = ""
     block_size: int = 0
     max_num_batched_tokens: int = 0
+    # --max-num-seqs as the engine resolves it: the most requests vLLM runs at once.
+    max_num_seqs: int = 0
 
 
 @dataclass(frozen=True)
@@ -271,6 +273,55 @@ class AccessPlan:
         return [path for m, path in self.routes if m == method]
 
 
+# Cache-affine routing (docs/routing.md). HAProxy's bounded-load consistent hashing, `hash-balance-factor`
+# (https://docs.haproxy.org/2.6/configuration.html#4.2-hash-balance-factor): no replica is given a request while
+# it holds more than this percentage of the mean in-flight load. HAProxy calls 125 to 200 reasonable; the
+# lowest keeps replicas closest to even while a conversation still lands on its own replica at ordinary loads.
+ROUTING_LOAD_BOUND_PERCENT = 125
+# How long a request may wait at the balancer for its replica to free a slot, and the Retry-After of the 429
+# that follows: the balancer has already waited this long, so a client waits as long again.
+ROUTING_QUEUE_SECONDS = 5
+# The request header a client names its conversation with; it overrides every hint in the body.
+SESSION_HEADER = "X-Session-Id"
+
+
+@dataclass(frozen=True)
+class RoutingPlan:
+    """How HAProxy picks a replica: "prefix-affinity" (a conversation's requests hash to one replica on a
+    consistent-hash ring, no replica past `load_bound_percent` of the mean load, at most `replica_max_requests`
+    in flight on a replica and the rest queued `queue_seconds`, then 429) or "least-outstanding" (leastconn)."""
+
+    policy: str
+    load_bound_percent: int
+    replica_max_requests: int
+    queue_seconds: int = ROUTING_QUEUE_SECONDS
+    session_header: str = SESSION_HEADER
+
+    @property
+    def prefix_affinity(self) -> bool:
+        return self.policy == "prefix-affinity"
+
+    def describe(self) -> str:
+        """One line for `gemmaserve plan`."""
+        if not self.prefix_affinity:
+            return f"{self.policy}: each request to the replica with the fewest in flight (HAProxy leastconn)"
+        return (
+            f"{self.policy}: each conversation on one replica (by {self.session_header}, prompt_cache_key, user or "
+            f"its first messages), none above {self.load_bound_percent / 100:g}x the mean load; "
+            f"{self.replica_max_requests} in flight per replica (max_num_seqs), then {self.queue_seconds} s queued, "
+            "then 429"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "policy": self.policy,
+            "load_bound": self.load_bound_percent / 100 if self.prefix_affinity else None,
+            "replica_max_requests": self.replica_max_requests if self.prefix_affinity else None,
+            "queue_seconds": self.queue_seconds if self.prefix_affinity else None,
+            "session_header": self.session_header if self.prefix_affinity else None,
+        }
+
+
 def access_plan(spec: Spec) -> AccessPlan:
     keys, tls = spec.serving.api_keys, spec.serving.tls
     return AccessPlan(
@@ -308,6 +359,13 @@ class Plan:
         return access_plan(self.spec)
 
     @property
+    def routing(self) -> RoutingPlan:
+        # Admission at the concurrency vLLM itself runs: past max_num_seqs a request would only wait inside
+        # vLLM, where the balancer can neither count it nor give up on it cleanly.
+        seqs = min((r.capacity.max_num_seqs for r in self.replicas), default=0)
+        return RoutingPlan(self.spec.serving.routing, ROUTING_LOAD_BOUND_PERCENT, seqs)
+
+    @property
     def token_source_path(self) -> str | None:
         """The file systemd loads as each replica's `hf-token` credential, or None without a secret."""
         secret = self.spec.secret
@@ -327,6 +385,7 @@ class Plan:
             "accelerator": self.accelerator.name,
             "count": self.spec.accelerator.count,
             "engine": self.engine.to_json(),
+            "routing": self.routing.to_json(),
             "replicas": [
                 {
                     "index": r.index,
@@ -833,6 +892,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
         accounting=chosen.accounting,
         block_size=chosen.block,
         max_num_batched_tokens=chosen.max_num_batched_tokens,
+        max_num_seqs=_engine_max_num_seqs(spec, _release(spec)),
     )
     for index in range(replicas):
         devices = [] if acc.is_cpu else list(range(index * tp, (index + 1) * tp))

@@ -294,6 +294,12 @@ class Serving(Strict):
     shutdown_timeout: int = Field(
         120, ge=0, le=3600, description="Seconds in-flight requests may take to finish when a replica stops."
     )
+    # How HAProxy picks a replica (docs/routing.md): prefix-affinity keeps a conversation on the replica
+    # whose prefix cache holds it, with bounded load and admission at the planned concurrency;
+    # least-outstanding sends each request to the replica with the fewest in flight (HAProxy leastconn).
+    routing: Literal["prefix-affinity", "least-outstanding"] = Field(
+        "prefix-affinity", description="prefix-affinity (cache-affine, bounded load) or least-outstanding."
+    )
 
     @field_validator("replicas")
     @classmethod

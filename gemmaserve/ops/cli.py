@@ -180,6 +180,8 @@ def _print_plan(result) -> None:
         + (f" (revision {weights.revision})" if weights.revision else ""),
     }[weights.mode]
     console.print(f"[bold]weights[/bold]: {where}", markup=True, highlight=False)
+    if result.replicas:
+        console.print(f"[bold]routing[/bold]: {result.routing.describe()}", markup=True, highlight=False)
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-JSON_KEYS = {"model", "accelerator", "count", "engine", "replicas", "weights", "warnings"}
+JSON_KEYS = {"model", "accelerator", "count", "engine", "routing", "replicas", "weights", "warnings"}
 ENGINE_KEYS = {
     "kind",
     "package",

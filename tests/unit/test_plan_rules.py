@@ -303,3 +303,39 @@ def test_headroom_rule_widens_tp_when_weights_take_over_half_a_device():
     # E4B's 14.9 GiB on a 22 GiB L4 leaves ~3.6 GiB of KV at TP1: Callstack's "safer memory headroom" -> TP2.
     result = planned({"model": "e4b", "accelerator": {"kind": "l4", "count": 8}})
     assert result.replicas[0].tensor_parallel_size == 2
+
+
+def test_routing_defaults_to_prefix_affinity_with_admission_at_max_num_seqs():
+    """The load bound is HAProxy's hash-balance-factor (125: no replica past 1.25x the mean); each replica
+    admits as many requests as vLLM runs at once (max_num_seqs as the engine resolves it), so a queue forms
+    at the balancer, not inside vLLM."""
+    result = planned({"model": "31b", "accelerator": {"kind": "rtx-pro-6000", "count": 8}})
+    routing = result.routing
+    assert (routing.policy, routing.load_bound_percent, routing.queue_seconds) == ("prefix-affinity", 125, 5)
+    assert routing.load_bound_percent <= 130
+    # vLLM defaults max_num_seqs to 1024 on a >= 70 GiB GPU that is not an A100 (EngineArgs.get_batch_defaults).
+    assert routing.replica_max_requests == result.replicas[0].capacity.max_num_seqs == 1024
+    assert result.to_json()["routing"] == {
+        "policy": "prefix-affinity",
+        "load_bound": 1.25,
+        "replica_max_requests": 1024,
+        "queue_seconds": 5,
+        "session_header": "X-Session-Id",
+    }
+
+
+def test_admission_follows_the_users_max_num_seqs():
+    result = planned({"model": "e2b", "accelerator": {"kind": "l4"}, "workload": {"max_num_seqs": 24}})
+    assert result.routing.replica_max_requests == 24
+
+
+def test_least_outstanding_has_no_bound_or_admission():
+    result = planned({"model": "e2b", "accelerator": {"kind": "l4"}, "serving": {"routing": "least-outstanding"}})
+    assert result.routing.to_json() == {
+        "policy": "least-outstanding",
+        "load_bound": None,
+        "replica_max_requests": None,
+        "queue_seconds": None,
+        "session_header": None,
+    }
+    assert "leastconn" in result.routing.describe()

@@ -152,6 +152,12 @@ BAD = [
     (with_("serving.bind_address", "localhost"), "serving.bind_address", "localhost", "IPv4"),
     (with_("serving.bind_address", "::1"), "serving.bind_address", "::1", "IPv4"),
     (with_("serving.router_port", 8003), "serving.router_port", "8003", "8000..8007"),
+    (
+        with_("serving.routing", "round-robin"),
+        "serving.routing",
+        "round-robin",
+        "'prefix-affinity' or 'least-outstanding'",
+    ),
     (with_("secret", {}), "secret", "", "exactly one"),
     (with_("secret", {"secret_manager": "hf-token", "file": "/etc/hf"}), "secret", "", "exactly one"),
     (with_("secret", {"file": "hf-token.txt"}), "secret.file", "hf-token.txt", "absolute path"),
