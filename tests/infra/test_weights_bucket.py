@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import jsonschema
 import pytest
 
 from tests.infra.conftest import PROJECT, run_program, stack_config
+from tests.roles.files.programs import load
 
 BUCKET = "gemmaserve-test-weights"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -98,6 +100,7 @@ def test_bucket_request_body_matches_the_storage_api_schema(run):
 
 
 def test_iam_bindings_match_the_policy_schema(run):
+    """Every IAM member the program registers on the bucket, judged as one bucket policy (storage v1 Policy)."""
     bindings = [
         {
             "role": m.inputs["role"],
@@ -106,14 +109,33 @@ def test_iam_bindings_match_the_policy_schema(run):
         }
         for m in run.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
     ]
+    assert bindings, "the program registered no IAM member on the bucket"
     jsonschema.validate({"bindings": bindings, "version": 3}, discovery_schema("Policy"))
+    with pytest.raises(jsonschema.ValidationError):  # the check can fail: a misspelt field is refused
+        jsonschema.validate({"bindings": [{**bindings[0], "member": "x"}], "version": 3}, discovery_schema("Policy"))
 
 
-def test_host_upload_body_matches_the_object_schema():
-    """What roles/_lib/files/gcs_json.py sends to start a resumable upload."""
-    jsonschema.validate(
-        {"name": "p/compile-cache/k.tar", "metadata": {"gemmaserve-digest": "ab"}}, discovery_schema("Object")
-    )
+def test_host_upload_body_matches_the_object_schema(bucket, tmp_path, monkeypatch):
+    """What roles/_lib/files/gcs_json.py sends to start a resumable upload, captured as the compile cache saves one
+    to a real GCS API emulator."""
+    compile_cache = load("caches", "compile_cache")
+    gcs_json = sys.modules["gcs_json"]
+    sent, send = [], gcs_json.Bucket._open
+
+    def recording(self, url, method="GET", headers=None, data=None, timeout=60):
+        if method == "POST":
+            sent.append(json.loads(data))
+        return send(self, url, method, headers, data, timeout)
+
+    monkeypatch.setattr(gcs_json.Bucket, "_open", recording)
+    (tmp_path / "shm" / "k1").mkdir(parents=True)
+    (tmp_path / "shm" / "k1" / "kernel.so").write_bytes(b"x")
+    remote = compile_cache.Remote(gcs_json.Bucket(bucket.name), "team/compile-cache/")
+    compile_cache.save(["k1"], tmp_path / "shm", tmp_path / "disk", remote, 10**9)
+    assert bucket.get_blob("team/compile-cache/k1.tar") is not None
+    [body] = sent
+    assert body["name"] == "team/compile-cache/k1.tar"
+    jsonschema.validate(body, discovery_schema("Object"))
 
 
 def test_bad_writer_is_refused_before_any_resource():
@@ -128,9 +150,12 @@ def test_storage_api_is_enabled_before_the_bucket_and_its_bindings(run):
     services = {s.inputs["service"]: s for s in run.of_type("gcp:projects/service:Service")}
     storage = services["storage.googleapis.com"]
     assert storage.inputs["disableOnDestroy"] is False
-    for resource in run.of_type("gcp:storage/bucket:Bucket") + run.of_type(
-        "gcp:storage/bucketIAMMember:BucketIAMMember"
-    ):
+    buckets, members = (
+        run.of_type("gcp:storage/bucket:Bucket"),
+        run.of_type("gcp:storage/bucketIAMMember:BucketIAMMember"),
+    )
+    assert buckets and members
+    for resource in buckets + members:
         assert storage.urn in resource.dependencies, f"{resource.name} does not wait for the storage API"
 
 
