@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from tpu_api import ApiError
+from tpu_queued_resource import QueuedResourceProvider
 
 from tests.infra.discovery import TPU, supported_update_fields
 
@@ -105,7 +106,7 @@ class Zone:
     capacity_at: when capacity appears (None: never); provisioning: how long PROVISIONING lasts;
     refuse_create: a synchronous refusal (the recorded RESOURCE_EXHAUSTED, say); fail_after + failure:
     the request turns FAILED that long after creation (the recorded quota failure, say); models:
-    provisioning models the zone sells (flex-start is sold in a few zones only).
+    provisioning models the zone sells, in the provider's terms (flex-start is sold in a few zones only; None: all).
     """
 
     capacity_at: float | None = None
@@ -115,7 +116,7 @@ class Zone:
     failure: str = "failed_quota"
     # Older API revisions said ACCEPTED before WAITING_FOR_RESOURCES replaced it; this long, if set.
     accepted_for: float = 0
-    models: frozenset[str] = frozenset({"STANDARD", "SPOT", "GUARANTEED", "RESERVED", "FLEX_START"})
+    models: frozenset[str] | None = None
 
 
 @dataclass
@@ -131,16 +132,6 @@ class Record:
     terminate_at: float | None = None
     gone_at: float | None = None
     node: dict[str, Any] | None = None
-
-
-def model_of(body: dict[str, Any]) -> str:
-    if body.get("provisioningModel"):
-        return body["provisioningModel"]
-    if "spot" in body:
-        return "SPOT"
-    if "guaranteed" in body:
-        return "RESERVED" if body["guaranteed"].get("reserved") else "GUARANTEED"
-    return "STANDARD"
 
 
 @dataclass
@@ -193,8 +184,10 @@ class FakeTpu:
             spec = self.zone(zone)
             if spec.refuse_create is not None:
                 raise spec.refuse_create
-            if model_of(body) not in spec.models:
-                raise error("INVALID_ARGUMENT", f"Provisioning model {model_of(body)} is not supported in zone {zone}")
+            # The provider's own reading of a body (one copy; tests check it against the bodies it builds).
+            model = QueuedResourceProvider._provisioning_of(body)
+            if spec.models is not None and model not in spec.models:
+                raise error("INVALID_ARGUMENT", f"Provisioning model {model} is not supported in zone {zone}")
             first = "ACCEPTED" if spec.accepted_for else "WAITING_FOR_RESOURCES"
             self.records[name] = Record(name=name, zone=zone, body=body, created=self.clock(), state=first)
 

@@ -136,31 +136,39 @@ def test_the_discovery_checker_can_fail():
         assert fragment in errors
 
 
-@pytest.mark.parametrize(
-    "provisioning, extra, tier",
-    [
-        ("standard", {}, {}),
-        ("spot", {}, {"spot": {}}),
-        ("guaranteed", {}, {"guaranteed": {}}),
-        (
-            "reserved",
-            {"reservation": "v6e-pool"},
-            {
-                "guaranteed": {"reserved": True},
-                "reservationName": f"projects/{PROJECT}/locations/us-east5-a/reservations/v6e-pool",
-            },
-        ),
-        (
-            "flex-start",
-            {"max_run_seconds": 7 * 86400},
-            {"provisioningModel": "FLEX_START", "runDuration": {"maxRunDuration": "604800s"}},
-        ),
-    ],
-)
+# Each provisioning model, the props it needs, and the tier fields of its request body.
+TIERS = [
+    ("standard", {}, {}),
+    ("spot", {}, {"spot": {}}),
+    ("guaranteed", {}, {"guaranteed": {}}),
+    (
+        "reserved",
+        {"reservation": "v6e-pool"},
+        {
+            "guaranteed": {"reserved": True},
+            "reservationName": f"projects/{PROJECT}/locations/us-east5-a/reservations/v6e-pool",
+        },
+    ),
+    (
+        "flex-start",
+        {"max_run_seconds": 7 * 86400},
+        {"provisioningModel": "FLEX_START", "runDuration": {"maxRunDuration": "604800s"}},
+    ),
+]
+
+
+@pytest.mark.parametrize("provisioning, extra, tier", TIERS)
 def test_request_tier_for_each_provisioning_model(provisioning, extra, tier):
     body = build_request(props(provisioning=provisioning, **extra), "us-east5-a")
     keys = ("spot", "guaranteed", "bestEffort", "reservationName", "provisioningModel", "runDuration")
     assert {k: v for k, v in body.items() if k in keys} == tier
+
+
+@pytest.mark.parametrize("provisioning, extra", [(p, extra) for p, extra, _ in TIERS], ids=[p for p, _, _ in TIERS])
+def test_an_existing_request_reads_back_as_the_model_it_asked_for(provisioning, extra):
+    """Adopting a queued resource, the provider reads its model from the body it would have sent."""
+    body = build_request(props(provisioning=provisioning, **extra), "us-east5-a")
+    assert QueuedResourceProvider._provisioning_of(body) == provisioning
 
 
 def test_request_node_in_the_zones_region():
