@@ -45,6 +45,11 @@ class EnginePin:
     extra_requirements: tuple[str, ...] = ()
     # sha256 of vLLM's examples/tool_chat_template_gemma4.jinja at the v<vllm_version> tag.
     chat_template_sha256: str = ""
+    # The accelerator runtime the wheel brings with its dependencies (CUDA through torch, libtpu through
+    # tpu-inference); "" where the host provides it (the rocm role installs ROCm) or there is none.
+    runtime: str = ""
+    # The torch release that brings the runtime (requirements/cuda.txt at the tag).
+    torch_version: str = ""
     source: str = ""
 
     @property
@@ -68,6 +73,8 @@ ENGINE_PINS: dict[str, EnginePin] = {
         platform="x86_64-manylinux_2_28",
         index_urls=(PYPI,),
         chat_template_sha256=_CHAT_TEMPLATE_0_32_0,
+        runtime="CUDA 13.0",
+        torch_version="2.13.0",
         source="PyPI vllm 0.32.0 (requirements/cuda.txt at v0.32.0: torch==2.13.0; docker/Dockerfile: CUDA 13.0.3)",
     ),
     "amd": EnginePin(
@@ -97,6 +104,7 @@ ENGINE_PINS: dict[str, EnginePin] = {
         platform="x86_64-manylinux_2_35",
         index_urls=(PYPI,),
         chat_template_sha256=_CHAT_TEMPLATE_0_32_0,
+        runtime="libtpu 0.0.48",
         source="PyPI vllm-tpu 0.32.0 (wheel metadata: tpu-inference==0.32.0 -> libtpu==0.0.48)",
     ),
     "cpu": EnginePin(

@@ -1,66 +1,69 @@
-"""The README's support matrix is the code's: every cell is rebuilt from the pins and role settings."""
+"""The README's support matrix is the one roles/support_matrix.py generates from the pins and role settings."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from gemmaserve.engines import ENGINE_PINS, index_urls, requirements
-from roles.nvidia import CUDA_DISTROS, pinning_package
+from gemmaserve.engines import ENGINE_PINS
+from roles import support_matrix
 from roles.nvidia import Settings as NvidiaSettings
-from roles.rocm import CODENAMES
 from roles.rocm import Settings as RocmSettings
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-OS_NAMES = {("ubuntu", "22.04"): "Ubuntu 22.04", ("ubuntu", "24.04"): "Ubuntu 24.04", ("debian", "12"): "Debian 12"}
-
-
-def readme_matrix() -> dict[str, list[str]]:
-    text = README.read_text()
-    table = text.split("<!-- support-matrix", 1)[1].split("<!-- /support-matrix -->", 1)[0]
-    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| vendor")]
-    return {cells[0]: cells[1:] for cells in ([c.strip() for c in row.strip("|").split("|")] for row in rows)}
-
-
-def expected() -> dict[str, list[str]]:
-    branch = NvidiaSettings().driver_branch
-    rocm = RocmSettings().version
-    rows = {}
-    for vendor, pin in ENGINE_PINS.items():
-        line = requirements(vendor, pin.vllm_version, pin.transformers_version)[0]
-        where = {"nvidia": "PyPI", "google": "PyPI", "cpu": "PyPI + PyTorch's CPU index"}.get(vendor)
-        if vendor == "amd":
-            where = index_urls(vendor, pin.vllm_version)[0].removeprefix("https://")
-        wheel = f"`{line}` ({where})"
-        rows[vendor] = [wheel, pin.transformers_version, pin.python]
-    rows["nvidia"] = [
-        f"branch {branch}, open modules, held by `{pinning_package(branch)}`",
-        "CUDA 13.0 (torch 2.13.0)",
-        *rows["nvidia"],
-        ", ".join(OS_NAMES[k] for k in CUDA_DISTROS),
-    ]
-    rows["amd"] = [
-        "amdgpu DKMS from `amdgpu-install`",
-        f"ROCm {rocm}",
-        *rows["amd"],
-        ", ".join(OS_NAMES[k] for k in CODENAMES),
-    ]
-    rows["google"] = ["the TPU VM image's", "libtpu 0.0.48 (in the wheel)", *rows["google"], "TPU VM images"]
-    rows["cpu"] = ["none", "none", *rows["cpu"], "Debian 12 (the sandbox)"]
-    return rows
 
 
 def test_readme_matrix_is_the_code() -> None:
-    assert readme_matrix() == expected()
+    assert support_matrix.block(support_matrix.README.read_text()) == support_matrix.table()
 
 
 def test_the_matrix_check_can_fail(monkeypatch) -> None:
     """A pin moved in the code without the README (the pair the issue found) is caught."""
     monkeypatch.setitem(ENGINE_PINS, "nvidia", replace(ENGINE_PINS["nvidia"], transformers_version="5.23.0"))
-    assert readme_matrix()["nvidia"] != expected()["nvidia"]
+    assert support_matrix.block(support_matrix.README.read_text()) != support_matrix.table()
+
+
+@pytest.mark.parametrize(
+    "settings, cell",
+    [
+        (
+            {"driver": NvidiaSettings(driver_branch=595)},
+            "branch 595, open modules, held by `nvidia-driver-pinning-595`",
+        ),
+        ({"driver": NvidiaSettings(driver_open=False)}, "branch 580, proprietary modules"),
+        ({"amd": RocmSettings(version="7.3.0")}, "| ROCm 7.3.0 |"),
+        ({"amd": RocmSettings(dkms=False)}, "| the distribution kernel's amdgpu |"),
+    ],
+)
+def test_the_role_settings_make_the_driver_and_runtime_cells(settings, cell) -> None:
+    """The cells follow the roles' settings, not a copy of them (the defaults give the README's table)."""
+    assert cell in support_matrix.table(**settings)
+    assert cell not in support_matrix.table()
+
+
+def test_write_puts_the_table_between_the_markers(tmp_path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# intro\n\n<!-- support-matrix: old -->\n| old |\n<!-- /support-matrix -->\n\nmore\n")
+    assert support_matrix.write(readme) is True
+    text = readme.read_text()
+    assert text.startswith(f"# intro\n\n{support_matrix.BEGIN}\n")
+    assert text.endswith("<!-- /support-matrix -->\n\nmore\n")
+    assert support_matrix.block(text) == support_matrix.table()
+    assert support_matrix.write(readme) is False
+
+
+def test_write_refuses_a_readme_without_markers(tmp_path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# intro\n")
+    with pytest.raises(ValueError, match="no support-matrix markers"):
+        support_matrix.write(readme)
+    assert readme.read_text() == "# intro\n"
+
+
+def test_the_rocm_role_installs_the_release_the_rocm_wheel_is_built_on() -> None:
+    """vLLM's ROCm wheel variant is "rocm" + the ROCm release without dots (setup.py at v0.32.0,
+    rocm_version_to_variant); the host's ROCm, which the rocm role installs, must be that release."""
+    assert ENGINE_PINS["amd"].local_version == "+rocm" + RocmSettings().version.replace(".", "")
 
 
 @pytest.mark.network
@@ -69,5 +72,6 @@ def test_cuda_13_and_torch_facts_come_from_the_resolved_pin() -> None:
     the resolver test resolves it (nvidia-cuda-runtime 13.0.x)."""
     from tests.unit.pypi_release import sdist
 
-    cuda_txt = (sdist("vllm", ENGINE_PINS["nvidia"].vllm_version) / "requirements" / "cuda.txt").read_text()
-    assert re.search(r"^torch==2\.13\.0$", cuda_txt, re.M)
+    pin = ENGINE_PINS["nvidia"]
+    cuda_txt = (sdist("vllm", pin.vllm_version) / "requirements" / "cuda.txt").read_text()
+    assert re.search(rf"^torch=={re.escape(pin.torch_version)}$", cuda_txt, re.M)
