@@ -172,9 +172,12 @@ def test_refusal_exits_3_with_reason():
     assert result.stdout == ""
 
 
-def test_plan_call_time_is_reported(capsys):
-    """Speed goal (< 1 s per call) is measured and printed, not asserted."""
+def test_a_timed_plan_call_prints_the_plan_and_its_time(capsys):
+    """Speed goal (< 1 s per call) is measured and printed, not asserted; the call timed must be a whole plan."""
     start = time.perf_counter()
-    gemmaserve("plan", "--stack", "tpu-v6e4", "--json")
+    result = gemmaserve("plan", "--stack", "tpu-v6e4", "--json")
+    seconds = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    assert set(json.loads(result.stdout)) == JSON_KEYS
     with capsys.disabled():
-        print(f"\n[figure] gemmaserve plan --json: {time.perf_counter() - start:.2f} s per call")
+        print(f"\n[figure] gemmaserve plan --json: {seconds:.2f} s per call")
