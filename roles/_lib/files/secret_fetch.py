@@ -13,7 +13,9 @@ The secret is never printed, logged or put in an environment variable; errors na
 
 At boot the metadata server or the network may not answer yet: connection errors, HTTP 429 and 5xx are
 retried with exponential backoff for GEMMASERVE_FETCH_TIMEOUT seconds (default 120), a progress line per
-retry. The payload is checked against its `dataCrc32c` (Secret Manager stores a CRC32C with every version
+retry. Exit status 0: written; 3: Secret Manager has no such secret or no version of it (HTTP 404); 4: the
+version is not enabled (HTTP 400 FAILED_PRECONDITION: disabled or destroyed); 1: any other failure. Nothing is
+written unless the fetch succeeded. The payload is checked against its `dataCrc32c` (Secret Manager stores a CRC32C with every version
 and returns it: SecretPayload in the secretmanager v1 discovery document), so a corrupted secret is never
 written.
 """
@@ -62,7 +64,23 @@ def crc32c(data: bytes) -> int:
 
 
 class TokenError(Exception):
-    pass
+    exit_status = 1
+
+
+class NotFound(TokenError):
+    exit_status = 3
+
+
+class NotEnabled(TokenError):
+    exit_status = 4
+
+
+def _status(error: urllib.error.HTTPError) -> str:
+    """The google.rpc status Secret Manager puts in an error body ({"error": {"status": ...}}), or ""."""
+    try:
+        return json.loads(error.read() or b"{}")["error"]["status"]
+    except (ValueError, KeyError, TypeError, OSError):
+        return ""
 
 
 def _get_once(url: str, headers: dict[str, str], timeout: float = 10) -> bytes:
@@ -114,7 +132,13 @@ def fetch_with_metadata(secret: str) -> bytes:
     try:
         body = json.loads(_get(f"{SECRETMANAGER_URL}/{name}:access", {"Authorization": f"Bearer {token}"}))
     except urllib.error.HTTPError as error:
-        raise TokenError(f"Secret Manager refused {name}: HTTP {error.code}") from None
+        status = _status(error)
+        message = f"Secret Manager refused {name}: HTTP {error.code}" + (f" {status}" if status else "")
+        if error.code == 404:
+            raise NotFound(message) from None
+        if error.code == 400 and status == "FAILED_PRECONDITION":
+            raise NotEnabled(f"{message} (the version is disabled or destroyed)") from None
+        raise TokenError(message) from None
     return checked_payload(body.get("payload") or {}, name)
 
 
@@ -187,7 +211,7 @@ def main(argv: list[str]) -> int:
         write_private(data, out)
     except TokenError as error:
         print(f"gemmaserve: {error}", file=sys.stderr)
-        return 1
+        return error.exit_status
     print(f"gemmaserve: secret {secret} written to {out} (0400)", file=sys.stderr)
     return 0
 

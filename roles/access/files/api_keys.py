@@ -7,7 +7,7 @@ Runs on serving hosts as a standalone script (stdlib only), from gemmaserve-api-
     python3 api_keys.py revoke ID [--store PATH]
     python3 api_keys.py list [--store PATH]                # [{"id": ..., "created": ...}] as JSON
     python3 api_keys.py init [--store PATH]                # an empty store, where there is none
-    python3 api_keys.py sync [--store PATH] [--map PATH] [--socket PATH]
+    python3 api_keys.py sync [--store PATH] [--map PATH] [--socket PATH] [--secret NAME --fetcher PATH]
 
 The store holds one key per line, `ID sha256:HEX CREATED`: digests, never keys. HAProxy hashes the bearer
 token a client presents (`sha2(256)`) and looks the digest up in the map (`DIGEST ID` per line), so neither
@@ -15,6 +15,13 @@ the store, the map, HAProxy's memory nor any log on the host holds a key. `sync`
 (read when HAProxy starts or reloads) and swaps the running HAProxy's copy atomically through its admin
 socket (`prepare map` / `add map @VERSION` / `commit map`): keys that stay valid are never absent, a revoked
 key fails from the next request on, and nothing restarts or reloads.
+
+With `--secret`, `sync` first fetches the store from Secret Manager (through secret_fetch.py, into --store on
+tmpfs). A fetch that fails, or a store that is missing, never changes the keys HAProxy serves: the map file
+is on disk and keeps the last good store across reboots, and the failure is reported (exit status 1, so
+the unit fails). Two answers are not failures: a new stack's secret without a version yet on a host that
+never had keys (an empty map, so HAProxy can start), and a latest version that is not enabled (the claim
+`gemmaserve keys --stack` holds for a moment while it writes; the last keys stay).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import json
 import os
 import re
 import socket
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -33,6 +41,8 @@ from datetime import UTC, datetime
 STORE = "/etc/gemmaserve/api-keys"
 MAP = "/etc/gemmaserve/api-keys.map"
 SOCKET = "/run/haproxy/admin.sock"
+# secret_fetch.py's exit statuses: the secret has no version (yet); its latest version is not enabled.
+FETCH_NOT_FOUND, FETCH_NOT_ENABLED = 3, 4
 HEADER = "# gemmaserve API keys: `ID sha256:DIGEST CREATED` per line (digests, never keys); see `gemmaserve keys`.\n"
 # Safe in HAProxy's map values, its logs and a shell word.
 KEY_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -169,7 +179,25 @@ def swap_running_map(entries: list[Entry], map_path: str, sock: str = SOCKET) ->
     return True
 
 
+def read_map(map_path: str) -> dict[str, str] | None:
+    """The map file's {digest: id}: the keys HAProxy loads at start; None when there is no map file."""
+    try:
+        with open(map_path) as handle:
+            return dict(line.split()[:2] for line in handle if len(line.split()) >= 2)
+    except FileNotFoundError:
+        return None
+
+
+def kept(map_path: str) -> str:
+    last = read_map(map_path) or {}
+    ids = ", ".join(sorted(last.values())) or "none"
+    return f"HAProxy keeps serving the {len(last)} key(s) of the last good store (ids: {ids}) from {map_path}"
+
+
 def sync(store: str, map_path: str, sock: str = SOCKET) -> str:
+    if not os.path.exists(store):
+        # After a reboot the fetched store (tmpfs) is gone until a fetch succeeds: no store is not no keys.
+        raise StoreError(f"{store}: no key store; {kept(map_path)}")
     entries = read_store(store)
     write_private(map_path, format_map(entries), 0o600)
     ids = ", ".join(e.id for e in entries) or "none"
@@ -181,6 +209,24 @@ def sync(store: str, map_path: str, sock: str = SOCKET) -> str:
     if live != {e.hex: e.id for e in entries}:
         raise StoreError(f"HAProxy's map differs from {store} after the swap")
     return f"{len(entries)} key(s) live in HAProxy (ids: {ids})"
+
+
+def fetch_and_sync(secret: str, fetcher: str, store: str, map_path: str, sock: str = SOCKET) -> str:
+    """Fetch the store from Secret Manager, then sync it; a failed fetch keeps the last good keys."""
+    status = subprocess.run([sys.executable, fetcher, secret, store], check=False).returncode  # says why itself
+    if status == 0:
+        return sync(store, map_path, sock)
+    if read_map(map_path) is None:
+        # This host never had keys; HAProxy cannot start without its map file: an empty one refuses everyone.
+        write_private(map_path, "", 0o600)
+        if status == FETCH_NOT_FOUND:
+            return f"{secret} has no version yet: no keys, every request is refused until `gemmaserve keys add`"
+    elif status == FETCH_NOT_ENABLED:
+        return (
+            f"the latest version of {secret} is not enabled (a `gemmaserve keys` change under way; if it stays so, "
+            f"`gemmaserve keys list` says why); {kept(map_path)}"
+        )
+    raise StoreError(f"could not fetch {secret} (secret_fetch.py exit {status}, see above); {kept(map_path)}")
 
 
 def main(argv: list[str]) -> int:
@@ -196,11 +242,15 @@ def main(argv: list[str]) -> int:
     sync_parser = sub.add_parser("sync")
     sync_parser.add_argument("--map", default=MAP)
     sync_parser.add_argument("--socket", default=SOCKET)
+    sync_parser.add_argument("--secret", help="fetch the store from this Secret Manager secret first")
+    # Installed next to this program by roles/access.
+    fetcher = os.path.join(os.path.dirname(os.path.abspath(__file__)), "secret_fetch.py")
+    sync_parser.add_argument("--fetcher", default=fetcher, help="secret_fetch.py, with --secret")
     for each in (add, revoke, sync_parser, sub.choices["list"], sub.choices["init"]):
         each.add_argument("--store", default=STORE)
     args = parser.parse_args(argv)
     try:
-        entries = read_store(args.store)
+        entries = read_store(args.store) if args.action in ("list", "add", "revoke") else []
         if args.action == "list":
             print(json.dumps([{"id": e.id, "created": e.created} for e in entries]))
         elif args.action == "init":
@@ -212,6 +262,9 @@ def main(argv: list[str]) -> int:
         elif args.action == "revoke":
             write_private(args.store, format_store(revoke_entry(entries, args.id)))
             print(f"gemmaserve: key {args.id} revoked in {args.store}", file=sys.stderr)
+        elif args.secret:
+            message = fetch_and_sync(args.secret, args.fetcher, args.store, args.map, args.socket)
+            print(f"gemmaserve: {message}", file=sys.stderr)
         else:
             print(f"gemmaserve: {sync(args.store, args.map, args.socket)}", file=sys.stderr)
     except (StoreError, OSError) as error:
