@@ -178,7 +178,7 @@ def test_tpu_zones_may_span_regions():
         ),
     ],
 )
-def test_defect_11_what_google_sells_where(raw, expected):
+def test_what_google_sells_where(raw, expected):
     with pytest.raises(SpecError) as caught:
         settings_from_config(raw, {"project": PROJECT, "region": "us-east5"}, "x")
     assert expected in str(caught.value)

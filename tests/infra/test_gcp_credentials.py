@@ -54,7 +54,7 @@ def http_credentials(api):
     return api._service._http.credentials
 
 
-def test_defect_10_provider_impersonates_with_the_stack_credentials(key_json, no_adc):
+def test_provider_impersonates_with_the_stack_credentials(key_json, no_adc):
     provider = QueuedResourceProvider()
     provider.configure(config({"gcp:credentials": key_json, "gcp:impersonateServiceAccount": DEPLOYER}))
     credentials = http_credentials(provider._api())
@@ -63,7 +63,7 @@ def test_defect_10_provider_impersonates_with_the_stack_credentials(key_json, no
     assert credentials._source_credentials.service_account_email == KEY_EMAIL
 
 
-def test_defect_10_provider_uses_google_credentials_from_the_environment(key_json, no_adc, monkeypatch):
+def test_provider_uses_google_credentials_from_the_environment(key_json, no_adc, monkeypatch):
     monkeypatch.setenv("GOOGLE_CREDENTIALS", key_json)
     provider = QueuedResourceProvider()
     provider.configure(config({}))
@@ -124,7 +124,7 @@ def test_bad_credentials_name_the_setting_never_the_value(no_adc):
     assert "SECRET-KEY-MATERIAL" not in str(caught.value) and "SECRET-KEY-MATERIAL" not in repr(auth)
 
 
-def test_defect_10_capacity_reads_the_clouds_with_the_stack_credentials(key_json, no_adc):
+def test_capacity_reads_the_clouds_with_the_stack_credentials(key_json, no_adc):
     """`gemmaserve capacity` builds its TPU and Compute clients from the stack's config the same way."""
     from gemmaserve.ops.capacity import google_clouds
 

@@ -135,7 +135,9 @@ def test_allow_external_ip_is_visible_to_these_tests():
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_no_firewall_opens_to_the_world(stack_runs, stack):
-    for rule in stack_runs[stack].of_type(FIREWALL):
+    rules = stack_runs[stack].of_type(FIREWALL)
+    assert rules
+    for rule in rules:
         assert "0.0.0.0/0" not in rule.inputs.get("sourceRanges", []), rule.name
 
 
@@ -152,7 +154,9 @@ def test_subnets_have_private_google_access_and_nat(stack_runs):
     subnets = run.of_type("gcp:compute/subnetwork:Subnetwork")
     assert {s.inputs["region"] for s in subnets} == {"us-east5", "us-east1"}
     assert all(s.inputs["privateIpGoogleAccess"] is True for s in subnets)
-    for nat in run.of_type("gcp:compute/routerNat:RouterNat"):
+    nats = run.of_type("gcp:compute/routerNat:RouterNat")
+    assert {n.inputs["region"] for n in nats} == {"us-east5", "us-east1"}
+    for nat in nats:
         assert nat.inputs["sourceSubnetworkIpRangesToNat"] == "ALL_SUBNETWORKS_ALL_IP_RANGES"
 
 
@@ -337,7 +341,9 @@ def test_a_tls_secret_owned_elsewhere_gets_no_version():
 
 def test_secret_replication_user_managed():
     run = run_program("a100", with_cloud("a100", secret_replication=["us-central1", "us-east1"]))
-    for secret in run.of_type("gcp:secretmanager/secret:Secret"):
+    secrets = run.of_type("gcp:secretmanager/secret:Secret")
+    assert secrets
+    for secret in secrets:
         replication = secret.inputs["replication"]
         assert replication == {"userManaged": {"replicas": [{"location": "us-central1"}, {"location": "us-east1"}]}}
 
@@ -469,7 +475,7 @@ API_OF_TYPE = {
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_defect_4_every_api_the_stack_uses_is_enabled_and_never_disabled_on_destroy(stack_runs, stack):
+def test_every_api_the_stack_uses_is_enabled_and_never_disabled_on_destroy(stack_runs, stack):
     run = stack_runs[stack]
     enabled = {s.inputs["service"]: s.inputs for s in run.of_type(SERVICE)}
     used = {api for r in run.resources for prefix, api in API_OF_TYPE.items() if r.type.startswith(prefix)}
@@ -479,7 +485,7 @@ def test_defect_4_every_api_the_stack_uses_is_enabled_and_never_disabled_on_dest
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_defect_4_nothing_races_the_api_enablement(stack_runs, stack):
+def test_nothing_races_the_api_enablement(stack_runs, stack):
     run = stack_runs[stack]
     services = {r.urn for r in run.of_type(SERVICE)}
     assert services
@@ -490,7 +496,7 @@ def test_defect_4_nothing_races_the_api_enablement(stack_runs, stack):
 
 
 @pytest.mark.parametrize("stack", TPU_STACKS)
-def test_defect_4_the_tpu_service_agent_is_created_after_the_tpu_api(stack_runs, stack):
+def test_the_tpu_service_agent_is_created_after_the_tpu_api(stack_runs, stack):
     run = stack_runs[stack]
     agent = run.one("gcp:projects/serviceIdentity:ServiceIdentity")
     tpu_api = next(s for s in run.of_type(SERVICE) if s.inputs["service"] == "tpu.googleapis.com")
@@ -501,7 +507,7 @@ def test_defect_4_the_tpu_service_agent_is_created_after_the_tpu_api(stack_runs,
         assert re.match(pattern, f"projects/{PROJECT}/services/{agent.inputs['service']}")
 
 
-def test_defect_3_no_two_stacks_share_a_name_in_one_project(stack_runs):
+def test_no_two_stacks_share_a_name_in_one_project(stack_runs):
     def names(run: ProgramRun) -> set[tuple[str, str]]:
         found = {("secret", r.inputs["secretId"]) for r in run.of_type("gcp:secretmanager/secret:Secret")}
         found |= {
@@ -515,6 +521,7 @@ def test_defect_3_no_two_stacks_share_a_name_in_one_project(stack_runs):
 
     seen: dict[tuple[str, str], str] = {}
     for stack in STACKS:
+        assert names(stack_runs[stack]), f"{stack} declares no named resource"
         for name in names(stack_runs[stack]):
             assert name not in seen, f"{name} is declared by both {seen[name]} and {stack}"
             seen[name] = stack
@@ -529,7 +536,7 @@ def test_defect_3_no_two_stacks_share_a_name_in_one_project(stack_runs):
         ("access-tls", ("gemmaserve_serving", "tls")),
     ],
 )
-def test_defect_3_hosts_fetch_the_secrets_their_stack_created(stack_runs, stack, resource, path):
+def test_hosts_fetch_the_secrets_their_stack_created(stack_runs, stack, resource, path):
     """The HF token (issue 12), the API keys and the TLS certificate (issue 17): every stack file names
     them alike (hf-token, api-keys, tls); each stack creates its own and its hosts fetch that one."""
     created = next(
@@ -554,7 +561,7 @@ def test_a_secret_owned_elsewhere_is_used_as_given():
     assert accessor.inputs["secretId"] == "hf-token" and accessor.inputs["project"] == "shared-secrets"
 
 
-def test_defect_9_flex_start_vm_create_outlasts_the_queue(stack_runs):
+def test_flex_start_vm_create_outlasts_the_queue(stack_runs):
     h100 = stack_runs["h100"].one(INSTANCE)
     minutes = int(re.fullmatch(r"(\d+)m", h100.custom_timeouts["create"])[1])
     assert minutes >= 120  # Dynamic Workload Scheduler holds a flex-start request up to 2 h
@@ -613,7 +620,7 @@ class QueuedTpuMocks(CloudMocks):
 
 
 @pytest.mark.parametrize("stack", TPU_STACKS)
-def test_defect_2_a_slice_still_queued_after_up_declares_the_rest_without_its_address(stack):
+def test_a_slice_still_queued_after_up_declares_the_rest_without_its_address(stack):
     """`pulumi up` returns with the request WAITING (issue 12): the TLS certificate (issue 17) must not be
     asked for a null IP, the endpoint is not `https://None`, and the host record says it has no address."""
     run = run_program(stack, mocks=QueuedTpuMocks())

@@ -1,8 +1,7 @@
 """The TPU queued-resource provider against the stateful fake TPU API (tests/infra/fake_tpu.py).
 
 Requests are judged by Google's discovery document; the lifecycle (create, read, diff, update, delete)
-is driven through every state the API documents. Tests named after a defect of issue 12 failed on
-the provider before the fix.
+is driven through every state the API documents.
 """
 
 from __future__ import annotations
@@ -220,7 +219,7 @@ def test_chain_tries_zones_then_provisioning_models():
     ]
 
 
-def test_defect_8_full_path_reservation_is_used_only_in_its_zone():
+def test_full_path_reservation_is_used_only_in_its_zone():
     reservation = f"projects/{PROJECT}/locations/us-east5-a/reservations/pool"
     p = props(provisioning="reserved", reservation=reservation, fallback_provisioning=["spot"])
     fake = FakeTpu()
@@ -258,7 +257,7 @@ def test_accepted_is_a_waiting_state():
     assert any("ACCEPTED" in m for m in messages)
 
 
-def test_defect_2_create_returns_within_the_bounded_wait_with_the_state():
+def test_create_returns_within_the_bounded_wait_with_the_state():
     fake = FakeTpu()  # no zone has capacity: the request waits in the queue
     started = fake.clock()
     result = provider(fake).create(props(create_wait_seconds=600))
@@ -270,7 +269,7 @@ def test_defect_2_create_returns_within_the_bounded_wait_with_the_state():
     assert fake.created_in() == [ZONES[0]]
 
 
-def test_defect_2_create_adopts_a_request_an_interrupted_run_left_behind():
+def test_create_adopts_a_request_an_interrupted_run_left_behind():
     fake = FakeTpu()
     capacity(fake, ZONES[1], at=EPOCH + 60)
     # An earlier `up` queued in the second zone, then was interrupted before Pulumi recorded it.
@@ -334,7 +333,7 @@ def test_refused_everywhere_names_every_attempt():
     assert all(zone in str(caught.value) for zone in ZONES)
 
 
-def test_defect_8_any_failure_in_the_queue_moves_on_not_only_capacity_messages():
+def test_any_failure_in_the_queue_moves_on_not_only_capacity_messages():
     fake = FakeTpu()
     fake.zones[ZONES[0]] = Zone(fail_after=60, failure="failed_quota")  # a quota message, no "capacity"
     capacity(fake, ZONES[1])
@@ -343,7 +342,7 @@ def test_defect_8_any_failure_in_the_queue_moves_on_not_only_capacity_messages()
     assert [c[1] for c in fake.calls if c[0] == "delete"] == [qr_name(ZONES[0])]
 
 
-def test_defect_5_valid_after_in_the_future_stays_queued_until_then():
+def test_valid_after_in_the_future_stays_queued_until_then():
     fake = FakeTpu()
     tomorrow = EPOCH + 86400
     capacity(fake, ZONES[0], at=EPOCH)
@@ -378,7 +377,7 @@ def test_read_of_a_request_deleted_out_of_band_drops_it_from_state():
 
 
 @pytest.mark.parametrize("how", ["preempted", "flex-start ended", "failed"])
-def test_defect_6_a_dead_request_is_a_diff_that_requeues_it(how):
+def test_a_dead_request_is_a_diff_that_requeues_it(how):
     fake = FakeTpu()
     if how == "failed":
         fake.zones[ZONES[0]] = Zone(fail_after=4000)
@@ -398,7 +397,7 @@ def test_defect_6_a_dead_request_is_a_diff_that_requeues_it(how):
     assert diff.changes is True and not diff.replaces
 
 
-def test_defect_6_update_requeues_a_preempted_slice_and_reports_the_new_state():
+def test_update_requeues_a_preempted_slice_and_reports_the_new_state():
     fake = FakeTpu()
     p = props()
     result = active(fake, p)
@@ -412,7 +411,7 @@ def test_defect_6_update_requeues_a_preempted_slice_and_reports_the_new_state():
     assert [r.state for r in fake.live()] == ["WAITING_FOR_RESOURCES"]
 
 
-def test_defect_8_a_request_expiring_in_zone_1_moves_to_zone_2():
+def test_a_request_expiring_in_zone_1_moves_to_zone_2():
     fake = FakeTpu()
     capacity(fake, ZONES[1])
     p = props(valid_until_seconds=HOUR, create_wait_seconds=300)
@@ -448,7 +447,7 @@ def test_flex_start_is_recycled_before_its_end():
     assert provider(fake).diff(result.id, result.outs, p).changes
 
 
-def test_defect_7_label_change_on_an_active_slice_patches_the_node_in_place():
+def test_label_change_on_an_active_slice_patches_the_node_in_place():
     fake = FakeTpu()
     result = active(fake)
     new = props(labels={"app": "gemmaserve", "team": "serving"}, tags=["gemmaserve-host", "blue"])
@@ -472,7 +471,7 @@ def test_defect_7_label_change_on_an_active_slice_patches_the_node_in_place():
     ],
     ids=["labels", "tags", "metadata"],
 )
-def test_defect_7_each_patchable_field_is_patched_never_replaced(changes):
+def test_each_patchable_field_is_patched_never_replaced(changes):
     """labels, tags and metadata one at a time: nodes.patch with exactly that field in updateMask, a
     Node body Google's discovery document accepts, the change visible on the node, no delete."""
     fake = FakeTpu()
@@ -489,7 +488,7 @@ def test_defect_7_each_patchable_field_is_patched_never_replaced(changes):
     assert [c[0] for c in fake.calls].count("create") == 1 and "delete" not in [c[0] for c in fake.calls]
 
 
-def test_defect_7_reordered_zones_are_not_a_replacement():
+def test_reordered_zones_are_not_a_replacement():
     fake = FakeTpu()
     result = active(fake)
     diff = provider(fake).diff(result.id, result.outs, props(zones=[ZONES[2], ZONES[0], ZONES[1]]))
@@ -537,7 +536,7 @@ def test_diff_without_api_access_falls_back_to_the_stored_state():
 # --- delete ----------------------------------------------------------------------------------------
 
 
-def test_defect_1_a_refused_delete_fails_loudly():
+def test_a_refused_delete_fails_loudly():
     fake = FakeTpu()
     result = active(fake)
     fake.refuse_delete = ApiError(403, "PERMISSION_DENIED", "Permission 'tpu.queuedResources.delete' denied")
@@ -546,7 +545,7 @@ def test_defect_1_a_refused_delete_fails_loudly():
     assert [r.state for r in fake.live()] == ["ACTIVE"]
 
 
-def test_defect_1_delete_waits_until_the_request_and_its_node_are_gone():
+def test_delete_waits_until_the_request_and_its_node_are_gone():
     fake = FakeTpu()
     result = active(fake)
     provider(fake).delete(result.id, result.outs)

@@ -81,7 +81,7 @@ def test_test_workflow_runs_make_test():
     assert any("make test" in s.get("run", "") for s in steps)
 
 
-def test_defect_11_preview_creates_stacks_that_do_not_exist_yet():
+def test_preview_creates_stacks_that_do_not_exist_yet():
     # pulumi/actions: `upsert: true` creates the stack when it is missing (a new stack file in a PR).
     steps = load("preview.yml")["jobs"]["preview"]["steps"]
     pulumi = next(s for s in steps if s.get("uses", "").startswith("pulumi/actions@"))

@@ -41,6 +41,7 @@ def test_pull_serves_the_one_local_copy_offline_and_without_the_token():
     assert result.weights.local_dir == local
     assert result.weights.uri == f"gs://acme-weights/team/models/google/gemma-4-31B-it/{REVISION}/"
     assert result.weights.compile_cache_prefix == "team/compile-cache/"
+    assert result.replicas
     for replica in result.replicas:  # every replica serves the same copy
         assert replica.argv[2:5] == [local, "--served-model-name", "google/gemma-4-31B-it"]
         assert replica.env["HF_HUB_OFFLINE"] == "1" and "HF_TOKEN_PATH" not in replica.env

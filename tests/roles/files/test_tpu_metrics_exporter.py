@@ -17,15 +17,14 @@ from pathlib import Path
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tpu_info.proto import tpu_metric_service_pb2 as tpu_metrics
+from tpu_info.proto import tpu_metric_service_pb2_grpc as tpu_metrics_grpc
 
 from roles._lib.programs import program_source
 from roles.monitoring import Settings
 from roles.monitoring.tpu import TPU_INFO_REQUIREMENTS
 
 from .programs import load
-
-tpu_metrics = pytest.importorskip("tpu_info.proto.tpu_metric_service_pb2")
-tpu_metrics_grpc = pytest.importorskip("tpu_info.proto.tpu_metric_service_pb2_grpc")
 
 exporter = load("monitoring", "tpu_metrics_exporter")
 
