@@ -467,5 +467,6 @@ def serve_http(fake: FakeTpu) -> ThreadingHTTPServer:
     """Serve `fake` on 127.0.0.1 (an ephemeral port); the caller shuts it down."""
     handler = type("Handler", (_Handler,), {"fake": fake, "operations": {}})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # serve_forever's default 0.5 s poll is what shutdown() waits for, at every teardown.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server

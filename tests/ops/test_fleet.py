@@ -56,8 +56,11 @@ db = [("db-1", {})]
 """
 
 
+LIMITS = [["gpu-1"], ["gpu-10"], ["gpu-1*"], ["db"], ["gpu-1", "db"], ["*-1"]]
+
 # pyinfra's own `--limit` matcher (its CLI's), the oracle; in a child interpreter, as fleet.load reads
-# inventories, because importing pyinfra_cli monkey-patches the whole process for gevent.
+# inventories, because importing pyinfra_cli monkey-patches the whole process for gevent. One child answers
+# every limit (a JSON list of pattern lists in argv[3]): each import of pyinfra costs about a second.
 ORACLE = """
 import json, sys
 from pyinfra.api import State
@@ -67,28 +70,43 @@ from pyinfra_cli.inventory import make_inventory
 
 ctx_state.set(State())
 inventory = make_inventory(sys.argv[1], cwd=sys.argv[2])
-picked = set(_get_inventory_pattern_matches(inventory, sys.argv[3:], "--limit"))
-print(json.dumps([host.name for host in inventory if host in picked]))
+picks = []
+for patterns in json.loads(sys.argv[3]):
+    picked = set(_get_inventory_pattern_matches(inventory, patterns, "--limit"))
+    picks.append([host.name for host in inventory if host in picked])
+print(json.dumps(picks))
 """
 
 
-def pyinfra_limit(path, patterns: list[str]) -> list[str]:
-    """The hosts pyinfra's `--limit` picks, in inventory order."""
-    command = [sys.executable, "-c", ORACLE, str(path), str(fleet.REPO), *patterns]
-    return json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+@pytest.fixture(scope="module")
+def inventory(tmp_path_factory):
+    path = tmp_path_factory.mktemp("inventory") / "inventory.py"
+    path.write_text(INVENTORY)
+    return path
 
 
-@pytest.mark.parametrize("patterns", [["gpu-1"], ["gpu-10"], ["gpu-1*"], ["db"], ["gpu-1", "db"], ["*-1"]])
-def test_limit_picks_what_pyinfras_limit_picks(tmp_path, patterns) -> None:
+@pytest.fixture(scope="module")
+def pyinfra_limits(inventory) -> dict[tuple[str, ...], list[str]]:
+    """The hosts pyinfra's `--limit` picks for each of LIMITS, in inventory order."""
+    command = [sys.executable, "-c", ORACLE, str(inventory), str(fleet.REPO), json.dumps(LIMITS)]
+    picks = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    return {tuple(patterns): hosts for patterns, hosts in zip(LIMITS, picks, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def every_host(inventory) -> list[str]:
+    return [h.name for h in fleet.load(inventory)]
+
+
+@pytest.mark.parametrize("patterns", LIMITS)
+def test_limit_picks_what_pyinfras_limit_picks(inventory, pyinfra_limits, every_host, patterns) -> None:
     """`--limit sandbox-1` once ran the verify suite on sandbox-101 and -102 too (pytest's -k matched a
     substring); a limit picks exactly the hosts pyinfra would deploy to, with their host data."""
-    path = tmp_path / "inventory.py"
-    path.write_text(INVENTORY)
-    hosts = fleet.load(path, patterns)
-    assert [h.name for h in hosts] == pyinfra_limit(path, patterns)
+    hosts = fleet.load(inventory, patterns)
+    assert [h.name for h in hosts] == pyinfra_limits[tuple(patterns)]
     if patterns == ["gpu-1"]:
         assert [(h.name, h.data["ssh_port"]) for h in hosts] == [("gpu-1", 2201)]
-    assert [h.name for h in fleet.load(path)] == ["gpu-1", "gpu-10", "gpu-101", "db-1"]
+    assert every_host == ["gpu-1", "gpu-10", "gpu-101", "db-1"]
 
 
 def test_a_limit_that_picks_nothing_is_an_error_naming_the_hosts(tmp_path) -> None:

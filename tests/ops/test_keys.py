@@ -240,7 +240,8 @@ class FakeSecretManager(BaseHTTPRequestHandler):
 def fake(tmp_path):
     FakeSecretManager.reset({SECRET: []})  # `pulumi up` made the secret; no version yet
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSecretManager)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # serve_forever's default 0.5 s poll is what shutdown() waits for, at every teardown.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     # A project directory as `pulumi config set gcp:project` leaves it.
     stack = yaml.safe_load((REPO / "Pulumi.gpu8.yaml").read_text())
     stack["config"]["gcp:project"] = PROJECT

@@ -88,7 +88,8 @@ def serve(bind: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, 
     values = Values()
     server = ThreadingHTTPServer((bind, port), handler_for(values))
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # serve_forever's default 0.5 s poll is what shutdown() waits for, at every teardown.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server, values
 
 

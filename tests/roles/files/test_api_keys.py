@@ -118,7 +118,8 @@ class FakeSecretManager(BaseHTTPRequestHandler):
 @pytest.fixture
 def google(monkeypatch):
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSecretManager)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # serve_forever's default 0.5 s poll is what shutdown() waits for, at every teardown.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}"
     monkeypatch.setenv("GEMMASERVE_METADATA_URL", f"{base}/meta")
     monkeypatch.setenv("GEMMASERVE_SECRETMANAGER_URL", f"{base}/sm")

@@ -53,13 +53,15 @@ def flip(server, key: str, value: str) -> None:
 
 
 @pytest.fixture
-def running(tmp_path):
-    """The drain program, a fake metadata server and a fake HAProxy with two replicas, one busy."""
+def running(tmp_path, request):
+    """The drain program (a 5 s notice window unless parametrized), a fake metadata server and a fake HAProxy
+    with two replicas, one busy."""
     server, _ = serve()
     haproxy = FakeHaproxy(tmp_path / "admin.sock", {"replica0": [3, "UP"], "replica1": [0, "UP"]})
     marker = tmp_path / "notice"
     env = {**os.environ, "GEMMASERVE_METADATA_URL": f"http://127.0.0.1:{server.server_address[1]}/computeMetadata/v1"}
-    argv = [sys.executable, str(SCRIPT), "--grace", "5", "--haproxy-admin", str(ADMIN)]
+    grace = getattr(request, "param", 5)
+    argv = [sys.executable, str(SCRIPT), "--grace", str(grace), "--haproxy-admin", str(ADMIN)]
     argv += ["--socket", str(tmp_path / "admin.sock"), "--state-file", str(marker)]
     process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     yield server, haproxy, marker, process
@@ -99,12 +101,13 @@ def test_migration_is_not_a_notice_termination_is_and_clearing_restores(running)
     assert "notice cleared: replicas ready again" in log_of(process)
 
 
+@pytest.mark.parametrize("running", [2], indirect=True, ids=["2 s window"])
 def test_requests_outliving_the_notice_window_are_reported(running):
     server, haproxy, _, process = running
     haproxy.rows["replica0"] = [10**6, "UP"]
     flip(server, "instance/preempted", "TRUE")
     wait_for(lambda: haproxy.rows["replica0"][1] == "DRAIN", 10, "replica0 in DRAIN")
-    time.sleep(6.5)
+    time.sleep(2 + 1.5)
     assert "still busy: replica0" in log_of(process)
 
 

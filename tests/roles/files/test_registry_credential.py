@@ -37,7 +37,8 @@ class FakeMetadata(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def metadata():
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeMetadata)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # serve_forever's default 0.5 s poll is what shutdown() waits for, at every teardown.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}/computeMetadata/v1"
     server.shutdown()
 

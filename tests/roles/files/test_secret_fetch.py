@@ -72,7 +72,8 @@ class FakeGoogle(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def fake_google():
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeGoogle)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # serve_forever's default 0.5 s poll is what shutdown() waits for, at every teardown.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{server.server_port}"
     yield {"GEMMASERVE_METADATA_URL": f"{base}/meta", "GEMMASERVE_SECRETMANAGER_URL": f"{base}/sm"}
@@ -134,7 +135,9 @@ def test_no_metadata_server_and_no_gcloud_is_a_clear_error(tmp_path):
 def test_uses_the_metadata_flavor_header(fake_google, tmp_path):
     FakeGoogle.seen.clear()
     run("hf-token", tmp_path / "t", fake_google)
-    assert all(h.get("Metadata-Flavor") == "Google" for path, h in FakeGoogle.seen if path.startswith("/meta/"))
+    asked = [h for path, h in FakeGoogle.seen if path.startswith("/meta/")]
+    assert asked, "the program never asked the metadata server"
+    assert all(h.get("Metadata-Flavor") == "Google" for h in asked)
 
 
 def test_crc32c_is_castagnoli() -> None:
