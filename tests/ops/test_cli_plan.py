@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gemmaserve.engines import ENGINE_PINS
+
 ROOT = Path(__file__).resolve().parents[2]
 JSON_KEYS = {"model", "accelerator", "count", "engine", "routing", "replicas", "weights", "warnings"}
 ENGINE_KEYS = {
@@ -52,22 +54,30 @@ def test_json_engine_is_what_the_host_installs():
     """The engine object names the exact `uv pip install` lines and indexes the vllm role runs."""
     gpu = json.loads(gemmaserve("plan", "--stack", "gpu8", "--json").stdout)["engine"]
     assert set(gpu) == ENGINE_KEYS
+    pin = ENGINE_PINS["nvidia"]
     assert gpu == {
         "kind": "wheel",
         "package": "vllm",
-        "vllm_version": "0.32.0",
-        "transformers_version": "5.19.0",
+        "vllm_version": pin.vllm_version,
+        "transformers_version": pin.transformers_version,
         "image": None,
-        "python": "3.12",
-        "requirements": ["vllm==0.32.0", "transformers==5.19.0"],
+        "python": pin.python,
+        "requirements": [f"vllm=={pin.vllm_version}", f"transformers=={pin.transformers_version}"],
         "index_urls": ["https://pypi.org/simple"],
     }
     amd = json.loads(gemmaserve("plan", "--model", "31b", "--accelerator", "mi300x", "--json").stdout)["engine"]
     # The ROCm build's local version exists only on vLLM's ROCm index: no silent fall back to PyPI's CUDA wheel.
-    assert amd["requirements"] == ["vllm==0.32.0+rocm723", "transformers==5.19.0"]
-    assert amd["index_urls"] == ["https://wheels.vllm.ai/rocm/0.32.0/rocm723", "https://pypi.org/simple"]
+    pin = ENGINE_PINS["amd"]
+    variant = pin.local_version.removeprefix("+")
+    assert variant.startswith("rocm")
+    assert amd["requirements"] == [
+        f"vllm=={pin.vllm_version}+{variant}",
+        f"transformers=={pin.transformers_version}",
+    ]
+    assert amd["index_urls"] == [f"https://wheels.vllm.ai/rocm/{pin.vllm_version}/{variant}", "https://pypi.org/simple"]
     tpu = json.loads(gemmaserve("plan", "--stack", "tpu-v6e4", "--json").stdout)["engine"]
-    assert (tpu["kind"], tpu["image"], tpu["requirements"]) == ("container", "vllm/vllm-tpu:v0.32.0", [])
+    image = f"vllm/vllm-tpu:v{ENGINE_PINS['google'].vllm_version}"
+    assert (tpu["kind"], tpu["image"], tpu["requirements"]) == ("container", image, [])
 
 
 def test_calibration_from_the_command_line():
