@@ -5,9 +5,9 @@ from __future__ import annotations
 import ipaddress
 import re
 from datetime import timedelta
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gemmaserve.catalog import CATALOG, Accelerator, ModelInfo
 from gemmaserve.engines import ENGINE_PINS, pin_for, transformers_allowed
@@ -47,6 +47,32 @@ _BUCKET_URI = re.compile(r"^gs://[a-z0-9][a-z0-9_-]{1,61}[a-z0-9](/[A-Za-z0-9._-
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _RELEASE_TAG = re.compile(r"\d+\.\d+")
 _SECRET_NAME = re.compile(r"^(projects/[a-z0-9-]+/secrets/)?[A-Za-z0-9_-]{1,255}(/versions/(latest|\d+))?$")
+# The patterns above are applied with fullmatch: `$` alone also matches before a trailing newline.
+
+
+def matching(pattern: str, allowed: str) -> AfterValidator:
+    """A string validator: the whole value matches `pattern`, else "allowed: <allowed>"."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"allowed: {allowed}")
+        return value
+
+    return AfterValidator(check)
+
+
+# A path on a host: absolute, '/'-separated names of POSIX's portable filename characters (A-Z a-z 0-9 . _ -,
+# https://pubs.opengroup.org/onlinepubs/9799919799/basedefs/V1_chap03.html#tag_03_265), no '.' or '..' name,
+# within PATH_MAX. Such a path means the same unquoted in a shell command, a systemd unit line and haproxy.cfg.
+HostPath = Annotated[
+    str,
+    matching(
+        r"(?=.{2,4095}$)(/(?!\.\.?(/|$))[A-Za-z0-9._-]+)+",
+        "an absolute path such as /etc/gemmaserve/api-keys: '/'-separated names of A-Z, a-z, 0-9, '.', '_' and '-' "
+        "(no spaces, quotes, newlines or shell characters; no '.' or '..' names)",
+    ),
+]
 
 
 def version_tuple(version: str) -> tuple[int, int, int]:
@@ -158,6 +184,14 @@ class Workload(Strict):
     def _flags_only(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if value and not value[0].startswith("--"):
             raise ValueError(f"must start with a --flag, got {value[0]!r}")
+        # They reach vLLM through $VLLM_ARGS in a systemd environment file, which systemd word-splits and
+        # expands (roles/replicas replica_args): one word each, nothing systemd or its quoting would read.
+        bad = [a for a in value if not a or any(c.isspace() or not c.isprintable() for c in a) or set(a) & set("'$%\\")]
+        if bad:
+            raise ValueError(
+                f"argument {bad[0]!r}: allowed: non-empty words without whitespace, control characters, "
+                "quotes ('), '$', '%' or backslashes"
+            )
         return value
 
 
@@ -174,7 +208,7 @@ class Engine(Strict):
     def _pinned_supported_vllm(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        if not _VERSION.match(value):
+        if not _VERSION.fullmatch(value):
             raise ValueError("must be an exact release like 0.32.0 (no ranges, no 'latest')")
         if version_tuple(value) < MIN_VLLM_VERSION:
             raise ValueError("Gemma 4 needs vLLM >= 0.19.0 (full Gemma 4 support arrived in v0.19.0)")
@@ -185,7 +219,7 @@ class Engine(Strict):
     def _pinned_supported_transformers(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        if not _VERSION.match(value):
+        if not _VERSION.fullmatch(value):
             raise ValueError("must be an exact release like 5.19.0")
         if version_tuple(value) < MIN_TRANSFORMERS_VERSION:
             raise ValueError("Gemma 4 needs transformers >= 5.5.0")
@@ -196,7 +230,7 @@ class Engine(Strict):
     def _pinned_image(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        if not _IMAGE.match(value):
+        if not _IMAGE.fullmatch(value):
             raise ValueError("not an image reference; allowed: REPOSITORY:TAG or REPOSITORY@sha256:DIGEST")
         if "@sha256:" in value:
             return value
@@ -214,20 +248,15 @@ class SecretSource(Strict):
     Secret Manager or a root-only file on the host."""
 
     secret_manager: str | None = Field(None, description="Secret name or projects/P/secrets/NAME[/versions/V].")
-    file: str | None = Field(None, description="Absolute path of a root-only file on the host (hosts outside GCP).")
+    file: HostPath | None = Field(
+        None, description="Absolute path of a root-only file on the host (hosts outside GCP)."
+    )
 
     @field_validator("secret_manager")
     @classmethod
     def _secret_name(cls, value: str | None) -> str | None:
-        if value is not None and not _SECRET_NAME.match(value):
+        if value is not None and not _SECRET_NAME.fullmatch(value):
             raise ValueError("allowed: NAME or projects/PROJECT/secrets/NAME[/versions/latest|N]")
-        return value
-
-    @field_validator("file")
-    @classmethod
-    def _absolute(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError("must be an absolute path")
         return value
 
     @model_validator(mode="after")
@@ -246,7 +275,9 @@ class ApiKeys(SecretSource):
     """The API keys HAProxy accepts (one secret whose versions hold the key digests, or a root-only file;
     managed with `gemmaserve keys`), and the limits each key gets on each host."""
 
-    file: str | None = Field(None, description=f"Root-only key store on the host (default {DEFAULT_API_KEYS_FILE}).")
+    file: HostPath | None = Field(
+        None, description=f"Root-only key store on the host (default {DEFAULT_API_KEYS_FILE})."
+    )
     # A client past either limit gets 429 with Retry-After. Per host: N hosts admit N x these.
     max_concurrent_requests: int = Field(16, ge=1, le=100_000, description="Requests in flight per key.")
     requests_per_minute: int = Field(600, ge=1, le=1_000_000, description="Requests per key per sliding minute.")
@@ -270,7 +301,7 @@ class ApiKeys(SecretSource):
 class Tls(SecretSource):
     """The certificate HAProxy serves on the router port: one PEM bundle (certificate chain and private key)."""
 
-    file: str | None = Field(None, description=f"Root-only PEM bundle on the host (default {DEFAULT_TLS_FILE}).")
+    file: HostPath | None = Field(None, description=f"Root-only PEM bundle on the host (default {DEFAULT_TLS_FILE}).")
 
     @model_validator(mode="before")
     @classmethod
@@ -340,14 +371,14 @@ class Weights(Strict):
     @field_validator("bucket")
     @classmethod
     def _bucket_uri(cls, value: str | None) -> str | None:
-        if value is not None and not _BUCKET_URI.match(value):
+        if value is not None and not _BUCKET_URI.fullmatch(value):
             raise ValueError("allowed: gs://BUCKET or gs://BUCKET/PREFIX (lowercase bucket name, no dots)")
         return value
 
     @field_validator("revision")
     @classmethod
     def _pinned_revision(cls, value: str | None) -> str | None:
-        if value is not None and not _COMMIT.match(value):
+        if value is not None and not _COMMIT.fullmatch(value):
             raise ValueError(
                 "must be a commit sha (40 hex digits), not a branch or tag: a mirror holds one exact revision"
             )

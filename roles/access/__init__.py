@@ -6,6 +6,7 @@ The router role renders the HAProxy side (roles/router/templates/haproxy-access.
 from __future__ import annotations
 
 import posixpath
+import shlex
 from pathlib import Path
 
 from pydantic import Field
@@ -18,7 +19,7 @@ from roles._lib.facts import HostState, PathState
 from roles._lib.managed import managed_directory, managed_file, managed_service
 from roles._lib.programs import LIB_DIR, installed_path, program_source
 from roles._lib.render import render
-from roles._lib.settings import RoleSettings
+from roles._lib.settings import LocalFile, RoleSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
 API_KEYS = installed_path("api_keys.py")
@@ -31,10 +32,10 @@ TLS_UNIT = "gemmaserve-tls.service"
 class Settings(RoleSettings):
     prefix = "access_"
     # A PEM bundle (certificate chain + private key) on the control machine, installed at serving.tls.file.
-    tls_src: str | None = None
+    tls_src: LocalFile | None = None
     # A key store (`ID sha256:DIGEST CREATED` lines) on the control machine that seeds serving.api_keys.file
     # on a host that has none yet; afterwards `gemmaserve keys` owns the store and deploys leave it alone.
-    api_keys_src: str | None = None
+    api_keys_src: LocalFile | None = None
     # Seconds between fetches of the key secret from Secret Manager: how soon an added or revoked key is live.
     key_refresh: int = Field(10, ge=1, le=3600)
 
@@ -132,7 +133,11 @@ def key_store(dest: str, current: PathState, seed: str | None = None):
         yield from files.put._inner(src=seed, dest=dest, user="root", group="root", mode="0600")
         return
     # No key yet: every request but /health is refused until `gemmaserve keys add`.
-    yield f"python3 {API_KEYS} init --store {dest}"
+    yield key_store_init_command(dest)
+
+
+def key_store_init_command(dest: str) -> str:
+    return f"python3 {API_KEYS} init --store {shlex.quote(dest)}"
 
 
 def _key_store(plan: AccessPlan, settings: Settings, now: HostState):

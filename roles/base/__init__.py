@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.server import Command
@@ -11,7 +12,7 @@ from gemmaserve.plan import HF_HOME, STATE_DIR
 from roles._lib.apt import install_packages
 from roles._lib.facts import HostState
 from roles._lib.managed import managed_directory, managed_file, managed_service
-from roles._lib.settings import RoleSettings
+from roles._lib.settings import DebianPackage, RoleSettings
 
 LIMITS = "/etc/security/limits.d/90-gemmaserve.conf"
 SERVICE_USER = "gemmaserve"
@@ -19,9 +20,9 @@ SERVICE_USER = "gemmaserve"
 
 class Settings(RoleSettings):
     prefix = "base_"
-    packages: tuple[str, ...] = ("ca-certificates", "curl", "python3", "python3-venv", "libnuma1")
+    packages: tuple[DebianPackage, ...] = ("ca-certificates", "curl", "python3", "python3-venv", "libnuma1")
     # Serving keeps one socket per streaming client plus model shards open: raise the limit.
-    nofile: int = 1048576
+    nofile: int = Field(1048576, ge=1024, le=1073741816)  # at most the kernel's nr_open ceiling
 
 
 @operation()

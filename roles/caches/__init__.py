@@ -4,6 +4,7 @@ bucket) before replicas start, saved at stop and periodically, keyed by the plan
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -14,7 +15,7 @@ from roles._lib.facts import HostState
 from roles._lib.managed import managed_directory, managed_file, managed_service
 from roles._lib.programs import STORAGE_EMULATOR_KEY, installed_path, program_source
 from roles._lib.render import render
-from roles._lib.settings import RoleSettings
+from roles._lib.settings import GcsUri, RoleSettings, SystemdTimespan
 
 TEMPLATES = Path(__file__).parent / "templates"
 DISK_ROOT = f"{STATE_DIR}/compile-cache"
@@ -27,10 +28,10 @@ class Settings(RoleSettings):
     prefix = "cache_"
     # /dev/shm is RAM: keep the caches well below what the model and KV cache need.
     max_gib: float = 8
-    save_interval: str = "30min"
+    save_interval: SystemdTimespan = "30min"
     # gs://bucket/prefix that carries caches from host to host; default: the spec's weights.bucket
     # (PREFIX/compile-cache/). "none" keeps caches on each host's own disk.
-    gcs_uri: str | None = None
+    gcs_uri: Literal["none"] | GcsUri | None = None
     save_timeout: int = 300
 
 

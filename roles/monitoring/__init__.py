@@ -18,16 +18,12 @@ from roles._lib.facts import HostState
 from roles._lib.managed import driver_daemons, managed_directory, managed_file, managed_service
 from roles._lib.programs import program_source
 from roles._lib.render import render
-from roles._lib.settings import RoleSettings
+from roles._lib.settings import Listen, PrometheusDuration, Release, RoleSettings
 from roles.monitoring.amd import install_amd_exporter
 from roles.monitoring.tpu import install_tpu_exporter
 from roles.router import Settings as RouterSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
-# An exporter's address: an IPv4 address and a port (loopback unless Prometheus scrapes from elsewhere).
-Listen = Annotated[str, Field(pattern=r"^\d{1,3}(\.\d{1,3}){3}:\d{1,5}$")]
-# A release number; it lands in an apt repository path and a pip requirement.
-Release = Annotated[str, Field(pattern=r"^\d+(\.\d+){1,3}$")]
 CONFIG = "/etc/prometheus/prometheus.yml"
 RULES_DIR = "/etc/prometheus/rules.d"
 RULES = f"{RULES_DIR}/gemmaserve.yml"
@@ -46,18 +42,19 @@ DCGM_EXPORTER_DROPIN = "/etc/systemd/system/nvidia-dcgm-exporter.service.d/gemma
 
 class Settings(RoleSettings):
     prefix = "monitoring_"
-    listen: str = "127.0.0.1:9090"
+    # Exporters' and Prometheus's addresses: loopback unless Prometheus scrapes from elsewhere.
+    listen: Listen = "127.0.0.1:9090"
     # Fine enough that the 30 s queue alert sees several samples.
-    scrape_interval: str = "5s"
-    retention: str = "15d"
+    scrape_interval: PrometheusDuration = "5s"
+    retention: PrometheusDuration = "15d"
     # vLLM preempts (recomputes) requests when its KV cache runs full; warn before that.
     kv_cache_threshold: float = 0.85
-    queue_for: str = "30s"
-    down_for: str = "1m"
+    queue_for: PrometheusDuration = "30s"
+    down_for: PrometheusDuration = "1m"
     # How long clocks may be held down by temperature before it is an alert.
-    thermal_for: str = "5m"
+    thermal_for: PrometheusDuration = "5m"
     # Where dcgm-exporter listens on NVIDIA hosts (its default is :9400 on every address).
-    dcgm_listen: str = "127.0.0.1:9400"
+    dcgm_listen: Listen = "127.0.0.1:9400"
     # AMD's Device Metrics Exporter release (its apt repository path) and address on AMD hosts (its
     # default is port 5000 on every address).
     amd_exporter_version: Release = "1.5.1"
@@ -69,7 +66,7 @@ class Settings(RoleSettings):
     # HBM in use past this share of the chip's HBM is an alert (vLLM reserves most of it up front).
     tpu_hbm_threshold: Annotated[float, Field(gt=0, le=1)] = 0.97
     # How long a TPU may sit idle (duty cycle 0) while vLLM reports running requests.
-    tpu_stall_for: str = "5m"
+    tpu_stall_for: PrometheusDuration = "5m"
 
 
 def prometheus_config(

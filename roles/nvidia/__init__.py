@@ -6,7 +6,9 @@ the container toolkit in container mode, and a reboot only when the loaded modul
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
+from typing import Annotated
 
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
@@ -23,7 +25,7 @@ from roles._lib.managed import driver_daemons, managed_directory, managed_file, 
 from roles._lib.programs import GPU_PREFLIGHT, LIB_DIR, program_source
 from roles._lib.reboot import allow_reboot, reboot_for
 from roles._lib.render import render
-from roles._lib.settings import RoleSettings
+from roles._lib.settings import RoleSettings, matching
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -41,7 +43,14 @@ class Settings(RoleSettings):
     allow_reboot: bool | None = None
     # NVIDIA's CUDA repository for this distribution ({distro}: ubuntu2204, ubuntu2404, debian12); a mirror
     # (or the sandbox's local copy, file:///...) may stand in for it.
-    repo_url: str = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64"
+    repo_url: Annotated[
+        str,
+        matching(
+            r"(https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?|file://)(/([A-Za-z0-9._~%+-]|\{distro\})+)+",
+            "an http(s):// or file:/// URL of A-Z, a-z, 0-9 and . _ ~ % + - / : characters, where {distro} "
+            "stands for ubuntu2204, ubuntu2404 or debian12",
+        ),
+    ] = "https://developer.download.nvidia.com/compute/cuda/repos/{distro}/x86_64"
     # None: install fabric manager exactly when NVSwitches are on the PCI bus; True/False force it.
     fabric_manager: bool | None = None
 
@@ -232,7 +241,7 @@ def driver(branch: int, open_modules: bool, repo: str, headers: list[str]):
     refresh = False
     if installed_version("cuda-keyring") is None:
         yield (
-            f"curl -fsSL -o /tmp/{CUDA_KEYRING} {repo}/{CUDA_KEYRING} && dpkg -i /tmp/{CUDA_KEYRING}"
+            f"curl -fsSL -o /tmp/{CUDA_KEYRING} {shlex.quote(f'{repo}/{CUDA_KEYRING}')} && dpkg -i /tmp/{CUDA_KEYRING}"
             f" && rm -f /tmp/{CUDA_KEYRING}"
         )
         refresh = True

@@ -20,7 +20,7 @@ from roles._lib.facts import HostState
 from roles._lib.managed import managed_absent, managed_file, managed_service
 from roles._lib.programs import HAPROXY_ADMIN, installed_path, program_source
 from roles._lib.render import render
-from roles._lib.settings import RoleSettings
+from roles._lib.settings import RoleSettings, Url
 
 TEMPLATES = Path(__file__).parent / "templates"
 UNIT = "gemmaserve-preemption.service"
@@ -32,7 +32,7 @@ BACKEND = "vllm"
 
 class Settings(RoleSettings):
     prefix = "preemption_"
-    metadata_url: str = "http://metadata.google.internal/computeMetadata/v1"
+    metadata_url: Url = "http://metadata.google.internal/computeMetadata/v1"
     # A spot VM has 30 s from the notice to its shutdown (cloud.google.com/compute/docs/instances/spot#preemption-process);
     # leave a few for HAProxy and systemd.
     grace_seconds: int = Field(25, ge=1, le=3600)

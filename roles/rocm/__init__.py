@@ -4,6 +4,8 @@ the render/video groups for the gemmaserve user, and a reboot only when the load
 from __future__ import annotations
 
 import re
+import shlex
+from typing import Annotated
 
 from pydantic import field_validator
 from pyinfra import host
@@ -16,16 +18,24 @@ from gemmaserve.plan import Plan
 from roles._lib.apt import APT_GET, install_packages, installed_version, upstream_version
 from roles._lib.distro import distro_name
 from roles._lib.reboot import allow_reboot, reboot_for
-from roles._lib.settings import RoleSettings
+from roles._lib.settings import Release, RoleSettings, matching
 
 
 class Settings(RoleSettings):
     prefix = "rocm_"
     # The ROCm release vLLM 0.32.0's ROCm wheels are built on (rocm723: see gemmaserve/engines.py).
-    version: str = "7.2.3"
+    version: Release = "7.2.3"
     # amdgpu-install's .deb name; None derives it from rocm_version (7.2.3 -> amdgpu-install_7.2.3.70203-1_all.deb,
     # the name AMD's quick-start and published install scripts fetch from repo.radeon.com/amdgpu-install/7.2.3/).
-    installer_deb: str | None = None
+    installer_deb: (
+        Annotated[
+            str,
+            matching(
+                r"amdgpu-install_[0-9][0-9.]*-[0-9]+_all\.deb", "a name such as amdgpu-install_7.2.3.70203-1_all.deb"
+            ),
+        ]
+        | None
+    ) = None
     # Bare-metal Instinct hosts run AMD's amdgpu DKMS driver; False keeps the distribution kernel's amdgpu
     # (e.g. a VM image that ships it), so only ROCm userspace is installed and no reboot is ever needed.
     dkms: bool = True
@@ -38,10 +48,10 @@ class Settings(RoleSettings):
     @field_validator("repo_base")
     @classmethod
     def _repo_base_is_a_url(cls, value: str) -> str:
-        if not re.fullmatch(r"(https?://[^/\s]+|file://)(/[^\s]*)?", value) or value.endswith("/"):
+        if not re.fullmatch(r"(https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?|file://)(/[A-Za-z0-9._~%+-]+)*", value):
             raise ValueError(
                 "must be an http(s):// or file:/// URL of repo.radeon.com's tree, without a trailing slash "
-                "(e.g. https://repo.radeon.com)"
+                "(e.g. https://repo.radeon.com); allowed: A-Z, a-z, 0-9 and . _ ~ % + - / : characters"
             )
         return value
 
@@ -147,7 +157,8 @@ def rocm_release(version: str, dkms: bool, deb: str | None = None, repo_base: st
     changed = False
     if configured_release(host.get_fact(FileContents, path=ROCM_LIST)) != version:
         url = INSTALLER_URL.format(base=repo_base, version=version, codename=codename, deb=deb)
-        yield f"curl -fsSL -o /tmp/{deb} {url} && {APT_GET} --allow-downgrades install /tmp/{deb} && rm -f /tmp/{deb}"
+        local = shlex.quote(f"/tmp/{deb}")
+        yield f"curl -fsSL -o {local} {shlex.quote(url)} && {APT_GET} --allow-downgrades install {local} && rm -f {local}"
         yield f"{APT_GET} update"
         changed = True
     current = host.get_fact(RocmVersion)

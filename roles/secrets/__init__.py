@@ -16,7 +16,7 @@ from roles._lib.facts import HostState
 from roles._lib.managed import managed_file
 from roles._lib.programs import installed_path, program_source
 from roles._lib.render import render
-from roles._lib.settings import RoleSettings
+from roles._lib.settings import LocalFile, RoleSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
 FETCH_UNIT = "gemmaserve-hf-token.service"
@@ -25,7 +25,7 @@ FETCH_UNIT = "gemmaserve-hf-token.service"
 class Settings(RoleSettings):
     prefix = "secrets_"
     # A token file on the control machine to install at the spec's secret.file path (mode 0400).
-    hf_token_src: str | None = None
+    hf_token_src: LocalFile | None = None
 
 
 class MissingSecret(Exception):

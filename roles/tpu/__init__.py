@@ -4,6 +4,7 @@ TPU VMs ship their driver (libtpu rides in the wheel or image), so nothing is in
 from __future__ import annotations
 
 import re
+import shlex
 
 from pydantic import field_validator
 from pyinfra import host
@@ -29,7 +30,9 @@ class Settings(RoleSettings):
     @field_validator("shm_size")
     @classmethod
     def _size(cls, value: str) -> str:
-        size_bytes(value)
+        # It lands in /etc/fstab and a mount command: exactly tmpfs's syntax, nothing around it.
+        if not re.fullmatch(r"[0-9]+[KMGTkmgt]?", value):
+            raise ValueError("allowed: a number with an optional K/M/G/T suffix, e.g. 128G")
         return value
 
 
@@ -74,7 +77,7 @@ def shm_size(size: str):
     if shm_lines != [wanted_line]:
         # Drop any other /dev/shm entry, then append ours.
         yield f"sed -i -E '\\#^\\s*\\S+\\s+/dev/shm\\s#d' {FSTAB} && echo '{wanted_line}' >> {FSTAB}"
-    yield f"mount -o remount,size={size} /dev/shm"
+    yield f"mount -o {shlex.quote(f'remount,size={size}')} /dev/shm"
 
 
 @deploy("Prepare the TPU VM", data_defaults=Settings.defaults())

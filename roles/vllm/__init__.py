@@ -17,7 +17,7 @@ from roles._lib.apt import install_packages
 from roles._lib.facts import HostState, PathState
 from roles._lib.managed import managed_directory, managed_file, managed_service
 from roles._lib.programs import LIB_DIR, installed_path, program_source
-from roles._lib.settings import RoleSettings
+from roles._lib.settings import HostPath, LocalFile, Release, RoleSettings, Sha256
 
 PROGRAMS = ("vllm_cpu.py", "vllm_argcheck.py")
 UV_VENV = "/opt/gemmaserve/uv"
@@ -40,14 +40,14 @@ class Settings(RoleSettings):
     prefix = "vllm_"
     # A local file to upload as the tool chat template instead of vLLM's at the pinned release tag
     # (the sandbox's test model brings its own; air-gapped hosts point this at a vetted copy).
-    chat_template_src: str | None = None
+    chat_template_src: LocalFile | None = None
     # sha256 of the downloaded template, for a vLLM release gemmaserve.engines has not recorded.
-    chat_template_sha256: str | None = None
+    chat_template_sha256: Sha256 | None = None
     # uv builds the wheel venvs; pinned like everything installed on hosts.
-    uv_version: str = "0.13.9"
+    uv_version: Release = "0.13.9"
     # Container engine: an OCI archive on the host holding the pinned image, loaded instead of pulled
     # (air-gapped hosts; the sandbox binds one built locally).
-    image_archive: str | None = None
+    image_archive: HostPath | None = None
     # Install podman with apt. Off for hosts whose image brings its own; a missing runtime is then an
     # error before anything changes.
     install_runtime: bool = True
@@ -209,7 +209,8 @@ def _container_engine(serving: Plan, settings: Settings) -> None:
         current=now.path(REGISTRY_AUTH),
     )
     digest = host.get_fact(
-        Command, f"{CONTAINER_RUNTIME} image inspect --format '{{{{.Digest}}}}' {image} 2>/dev/null || true"
+        Command,
+        f"{CONTAINER_RUNTIME} image inspect --format '{{{{.Digest}}}}' {shlex.quote(image)} 2>/dev/null || true",
     )
     pinned_image(
         name=f"Load {image}" if settings.image_archive else f"Pull {image}",
@@ -260,8 +261,8 @@ def wheel_venv(engine: EnginePlan, vendor: str, installed: str | None, uv_versio
         return
     uv = f"{UV_VENV}/bin/uv"
     yield (
-        f"test -x {uv} && {uv} --version | grep -qx 'uv {uv_version}' || "
-        f"(python3 -m venv {UV_VENV} && {UV_VENV}/bin/pip install --quiet uv=={uv_version})"
+        f"test -x {uv} && {uv} --version | grep -qx {shlex.quote(f'uv {uv_version}')} || "
+        f"(python3 -m venv {UV_VENV} && {UV_VENV}/bin/pip install --quiet {shlex.quote(f'uv=={uv_version}')})"
     )
     yield from uv_install_commands(engine, vendor, uv)
 
