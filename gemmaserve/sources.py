@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,15 +58,37 @@ def stack_file(stack: str, project_dir: Path = Path(".")) -> Path:
     return project_dir / f"Pulumi.{stack}.yaml"
 
 
+STACK_FILE_ALLOWED = "a Pulumi stack file: a YAML mapping whose `config:` is a mapping of `namespace:key` settings"
+
+
+def read_stack_document(stack: str, project_dir: Path = Path(".")) -> dict[str, Any]:
+    """A stack file as a mapping, or a SpecError naming the file (a symlink is followed, as Pulumi does, and
+    must lead to a stack file too)."""
+    path = stack_file(stack, project_dir)
+    where = f"{path} (a symlink to {os.readlink(path)})" if path.is_symlink() else str(path)
+    if not path.is_file():
+        existing = sorted(
+            p.name.removeprefix("Pulumi.").removesuffix(".yaml")
+            for p in project_dir.glob("Pulumi.*.yaml")
+            if p.is_file()
+        )
+        raise SpecError([f"stack = {stack!r}: no {where}; allowed: {', '.join(existing) or 'none found'}"], "stack")
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        why = " ".join(str(error).split())
+        raise SpecError([f"{where}: cannot be read as YAML ({why}); allowed: {STACK_FILE_ALLOWED}"], "stack") from None
+    document = {} if document is None else document
+    if not isinstance(document, dict) or not isinstance(document.get("config") or {}, dict):
+        shown = document if not isinstance(document, dict) else document.get("config")
+        raise SpecError([f"{where} = {str(shown)[:80]!r}: not a stack file; allowed: {STACK_FILE_ALLOWED}"], "stack")
+    return document
+
+
 def read_stack_config(stack: str, project_dir: Path = Path(".")) -> dict[str, Any]:
     """The `gemmaserve:` keys of a stack, without the namespace."""
     path = stack_file(stack, project_dir)
-    if not path.is_file():
-        existing = sorted(
-            p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in project_dir.glob("Pulumi.*.yaml")
-        )
-        raise SpecError([f"stack = {stack!r}: no {path}; allowed: {', '.join(existing) or 'none found'}"], "stack")
-    document = yaml.safe_load(path.read_text()) or {}
+    document = read_stack_document(stack, project_dir)
     config = document.get("config") or {}
     ours: dict[str, Any] = {}
     for key, value in config.items():

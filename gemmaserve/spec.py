@@ -607,4 +607,7 @@ def parse_duration(value: str) -> timedelta:
     if not match or not any(match.groups()):
         raise ValueError("not a duration; allowed: a number with d/h/m/s units, e.g. 7d, 36h, 1h30m")
     days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
-    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    try:
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"too long; allowed: at most {timedelta.max.days} days") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 import time
@@ -11,7 +12,13 @@ from typing import Any
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Serve Gemma 4 with vLLM on your own hardware.")
+# No group ever prints a function's locals in a traceback (older typer releases did by default): `keys add` holds a key.
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    help="Serve Gemma 4 with vLLM on your own hardware.",
+)
 
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 3
@@ -117,8 +124,14 @@ def plan_command(
             spec = parse_spec(flags, "command-line flags")
     except SpecError as error:
         _fail(f"error: {error}", EXIT_BAD_INPUT)
-    if available_kv_gib is not None and available_kv_gib <= 0:
-        _fail(f"error: --available-kv-gib = {available_kv_gib}: must be > 0", EXIT_BAD_INPUT)
+    if available_kv_gib is not None:
+        memory = spec.accelerator_info.memory_gib
+        if not (math.isfinite(available_kv_gib) and 0 < available_kv_gib <= memory):
+            _fail(
+                f"error: --available-kv-gib = {available_kv_gib}: allowed: a number > 0 and at most {memory:g} "
+                f"(the GiB of memory of one {spec.accelerator.kind} device)",
+                EXIT_BAD_INPUT,
+            )
 
     result = plan(spec, available_kv_gib=available_kv_gib)
     if as_json:
@@ -207,7 +220,7 @@ def demo(
         _fail(f"demo failed: {error}", 1)
 
 
-weights_app = typer.Typer(no_args_is_help=True, add_completion=False)
+weights_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
 app.add_typer(weights_app, name="weights", help="Model weights in the stack's bucket (a mirror of Hugging Face).")
 
 
@@ -354,7 +367,7 @@ def bench(
     typer.echo(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
 
 
-keys_app = typer.Typer(no_args_is_help=True, add_completion=False)
+keys_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
 app.add_typer(
     keys_app, name="keys", help="API keys the endpoint accepts: in a stack's Secret Manager secret or on hosts."
 )
@@ -388,8 +401,9 @@ def keys_add(
     key, digest = keys.new_key()
     if key_stdin:
         key = sys.stdin.readline().strip()
-        if len(key) < 20 or any(c.isspace() for c in key):
-            _fail("error: --key-stdin: a key needs at least 20 characters and no whitespace", EXIT_BAD_INPUT)
+        weak = keys.weak_key(key)
+        if weak:
+            _fail(f"error: --key-stdin: {weak}", EXIT_BAD_INPUT)
         digest = key_digest(key)
     try:
         if stack:
@@ -463,7 +477,7 @@ def tiny_model(out: str = typer.Argument(..., help="Directory to write the check
     typer.echo(f"tiny test model written to {path}")
 
 
-capacity_app = typer.Typer(no_args_is_help=True, add_completion=False)
+capacity_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
 _STACK = typer.Option(..., "--stack", help="The Pulumi stack (Pulumi.STACK.yaml).")
 _PROJECT_DIR = typer.Option(Path("."), "--project-dir", help="Where Pulumi.yaml and the stack files are.")
 
@@ -471,11 +485,13 @@ _PROJECT_DIR = typer.Option(Path("."), "--project-dir", help="Where Pulumi.yaml 
 def _open_capacity(stack: str, project_dir: Path):
     """The stack (checked against its stack file first) and read-only cloud clients with its credentials."""
     from gemmaserve.ops import capacity
-    from gemmaserve.sources import read_stack_config
+    from gemmaserve.sources import read_stack_config, stack_file
     from gemmaserve.spec import SpecError
 
     try:
-        read_stack_config(stack, project_dir)
+        config = read_stack_config(stack, project_dir)
+        if "cloud" in config:  # what the program reads first, so a bad value stops here, not in `pulumi up`
+            capacity.infra_module("config").parse_cloud(config["cloud"], str(stack_file(stack, project_dir)))
     except SpecError as error:
         _fail(f"error: {error}", EXIT_BAD_INPUT)
     try:
@@ -515,6 +531,8 @@ def capacity_wait(
 ) -> None:
     """Until every queued resource / VM is ACTIVE (re-queueing through `pulumi up` as needed), then refresh hosts."""
     seconds = _duration_option("--timeout", timeout)
+    if not (math.isfinite(poll) and 1 <= poll <= 86400):
+        _fail(f"error: --poll = {poll}: allowed: 1 to 86400 seconds", EXIT_BAD_INPUT)
     capacity, opened, clouds = _open_capacity(stack, project_dir)
     ready, rows, outputs = capacity.wait(
         opened, clouds, seconds, poll, _log, clock=capacity.clock, sleep=capacity.pause
@@ -537,6 +555,8 @@ def capacity_watch(
 ) -> None:
     """Reconciler: re-queue dead capacity along the fallback chain, recycle flex-start, refresh hosts (systemd-friendly)."""
     seconds = _duration_option("--interval", interval)
+    if not 1 <= seconds <= 86400:
+        _fail(f"error: --interval = {interval!r}: allowed: 1s to 1d, e.g. 60s or 5m", EXIT_BAD_INPUT)
     capacity, opened, clouds = _open_capacity(stack, project_dir)
     stopper = capacity.Stopper().install()
     passes = capacity.watch(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import shlex
 import sys
@@ -19,11 +20,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import yaml
-
 from gemmaserve.ops import fleet
 from gemmaserve.plan import plan
-from gemmaserve.sources import load_stack_spec, stack_file
+from gemmaserve.sources import load_stack_spec, read_stack_document, stack_file
 from gemmaserve.spec import SpecError
 
 PROGRAM = fleet.REPO / "roles" / "access" / "files" / "api_keys.py"
@@ -47,6 +46,29 @@ def store_format() -> ModuleType:
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+# A key from standard input must be hard to guess: at least this many bits, estimated as its length times
+# the Shannon entropy of its characters (a lower bound for most generators; `openssl rand -base64 32` gives
+# about 220, a 40-character run of one letter 0).
+MIN_KEY_BITS = 128
+
+
+def key_bits(key: str) -> float:
+    counts = {c: key.count(c) for c in set(key)}
+    return abs(sum(n * math.log2(n / len(key)) for n in counts.values())) if key else 0.0
+
+
+def weak_key(key: str) -> str | None:
+    """Why `key` is too weak to accept, never quoting it; None when it is strong enough."""
+    bits = key_bits(key)
+    if len(key) >= 20 and not any(c.isspace() for c in key) and bits >= MIN_KEY_BITS:
+        return None
+    return (
+        f"this key has {len(key)} characters and about {bits:.0f} bits of entropy; allowed: at least 20 characters, "
+        f"no whitespace and at least {MIN_KEY_BITS} bits (length x the entropy of its characters), e.g. "
+        "`openssl rand -base64 32`"
+    )
 
 
 def new_key() -> tuple[str, str]:
@@ -137,7 +159,7 @@ def stack_secret(stack: str, project_dir: Path = Path(".")) -> str:
         )
     if secret.startswith("projects/"):
         return secret
-    document = yaml.safe_load(stack_file(stack, project_dir).read_text()) or {}
+    document = read_stack_document(stack, project_dir)
     project = (document.get("config") or {}).get("gcp:project") or os.environ.get("GOOGLE_CLOUD_PROJECT")
     if not project:
         raise KeysError(
@@ -148,11 +170,19 @@ def stack_secret(stack: str, project_dir: Path = Path(".")) -> str:
 
 
 def secret_manager_client():
+    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import secretmanager_v1
 
     endpoint = os.environ.get(ENDPOINT_ENV)
     if not endpoint:
-        return secretmanager_v1.SecretManagerServiceClient()
+        try:
+            return secretmanager_v1.SecretManagerServiceClient()
+        except DefaultCredentialsError:
+            raise KeysError(
+                "no Google credentials for Secret Manager (Application Default Credentials: "
+                "https://cloud.google.com/docs/authentication/application-default-credentials); run "
+                "`gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS"
+            ) from None
     from google.api_core.client_options import ClientOptions
     from google.auth.credentials import AnonymousCredentials
 

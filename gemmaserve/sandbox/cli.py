@@ -8,7 +8,7 @@ import os
 import typer
 
 # Only typer at module level: `gemmaserve plan` imports this module and must start in < 1 s.
-sandbox_app = typer.Typer(no_args_is_help=True, add_completion=False)
+sandbox_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
 
 
 def _console_log():
