@@ -1,18 +1,19 @@
-"""Router: HAProxy on one port in front of the host's replicas (least outstanding requests), serving TLS
-and only the client routes to callers with an API key (the plan's access section; roles/access provides
-the key map and the certificate), and the admin program (files/haproxy_admin.py) that drains and
-re-enables replicas through HAProxy's socket."""
+"""Router: HAProxy on one port in front of the host's replicas (cache-affine with bounded load, or least
+outstanding requests: the plan's routing section), serving TLS and only the client routes to callers with an
+API key (the plan's access section; roles/access provides the key map and the certificate), and the admin
+program (files/haproxy_admin.py) that drains and re-enables replicas through HAProxy's socket."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from gemmaserve.plan import AccessPlan, Plan
+from gemmaserve.plan import AccessPlan, Plan, RoutingPlan
 from roles._lib.apt import install_packages
 from roles._lib.facts import HostState
 from roles._lib.managed import managed_directory, managed_file, managed_service
@@ -34,6 +35,51 @@ class Settings(RoleSettings):
     stream_timeout: str = "1h"
 
 
+# The routing key's leading content (templates/haproxy-routing.cfg.j2). A completions prompt has no messages to
+# cut at, so its first PROMPT_BYTES decide: prompts that share them share a cached prefix (~64 tokens), and a
+# conversation's first prompt already holds them. Where nothing could be read, the raw first RAW_BYTES from
+# where the content starts decide: enough to reach past a JPEG's shared header bytes in a base64 image.
+PROMPT_BYTES = 256
+RAW_BYTES = 1024
+# A chat message's content is a string or a list of parts (OpenAI's chat API): text, or an image by URL.
+_MESSAGE_PARTS = (
+    "content",
+    "content[0].text",
+    "content[0].image_url.url",
+    "content[1].text",
+    "content[1].image_url.url",
+)
+
+
+@dataclass(frozen=True)
+class ContentPart:
+    """One string of a request's leading content, read with json_query into txn.<var>."""
+
+    var: str
+    path: str
+    converter: str = ""
+    # Read only when the first message is a system (or developer) message: then the first user message follows.
+    after_system: bool = False
+
+
+def content_parts() -> list[ContentPart]:
+    """What the routing key holds when the client sent no hint: chat's first message (and the first user message
+    after a system one), a completions prompt's leading bytes, the Responses API's instructions and first input."""
+    parts = [
+        ContentPart(f"route_m{index}_{n}", f"$.messages[{index}].{part}", after_system=index == 1)
+        for index in (0, 1)
+        for n, part in enumerate(_MESSAGE_PARTS)
+    ]
+    parts.append(ContentPart("route_prompt", "$.prompt", f",bytes(0,{PROMPT_BYTES})"))
+    for n, path in enumerate(("instructions", "input", "input[0].content", "input[0].content[0].text")):
+        parts.append(ContentPart(f"route_r{n}", f"$.{path}"))
+    return parts
+
+
+# Where each route's content starts, for the raw fallback when no part could be read.
+RAW_FALLBACKS = (("/v1/chat/completions", "messages"), ("/v1/completions", "prompt"), ("/v1/responses", "input"))
+
+
 def openai_error(message: str, type_: str, code: str | None) -> str:
     """An error body as OpenAI's API writes them, for HAProxy's `http-request return ... string '...'`."""
     body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
@@ -42,8 +88,8 @@ def openai_error(message: str, type_: str, code: str | None) -> str:
     return body
 
 
-def error_bodies(access: AccessPlan) -> dict[str, str]:
-    """The JSON bodies of the balancer's own 401, 404, 405 and 429 answers."""
+def error_bodies(access: AccessPlan, routing: RoutingPlan) -> dict[str, str]:
+    """The JSON bodies of the balancer's own 401, 404, 405, 429 and 503 answers."""
     routes = ", ".join(f"{method} {path}" for method, path in access.routes)
     auth = "Send your API key as `Authorization: Bearer <key>`."
     return {
@@ -75,6 +121,13 @@ def error_bodies(access: AccessPlan) -> dict[str, str]:
             "requests",
             "rate_limit_exceeded",
         ),
+        "overloaded": openai_error(
+            f"The server is overloaded: no replica could take this request within {routing.queue_seconds} s (each "
+            f"runs at most {routing.replica_max_requests} at once), or none is in service. "
+            f"Retry after {routing.queue_seconds} s.",
+            "server_error",
+            "server_overloaded",
+        ),
     }
 
 
@@ -89,7 +142,12 @@ def haproxy_config(serving: Plan, settings: Settings, access: AccessPlan | None 
         stream_timeout=settings.stream_timeout,
         replicas=serving.replicas,
         access=access,
-        errors=error_bodies(access),
+        routing=serving.routing,
+        content_parts=content_parts(),
+        raw_fallbacks=RAW_FALLBACKS,
+        prompt_bytes=PROMPT_BYTES,
+        raw_bytes=RAW_BYTES,
+        errors=error_bodies(access, serving.routing),
         shutdown_timeout=serving.spec.serving.shutdown_timeout,
     )
 
