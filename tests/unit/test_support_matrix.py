@@ -1,4 +1,5 @@
-"""The README's support matrix is the one roles/support_matrix.py generates from the pins and role settings."""
+"""docs/support-matrix.md's matrix is the one roles/support_matrix.py generates from the pins and role settings
+(writing it between its markers: tests/ops/test_docs.py)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,22 @@ from dataclasses import replace
 import pytest
 
 from gemmaserve.engines import ENGINE_PINS
+from gemmaserve.ops import docs
 from roles import support_matrix
 from roles.nvidia import Settings as NvidiaSettings
 from roles.rocm import Settings as RocmSettings
 
+PAGE = docs.ROOT / "docs" / "support-matrix.md"
 
-def test_readme_matrix_is_the_code() -> None:
-    assert support_matrix.block(support_matrix.README.read_text()) == support_matrix.table()
+
+def test_the_pages_matrix_is_the_code() -> None:
+    assert docs.current(PAGE.read_text(), "support-matrix") == support_matrix.table()
 
 
 def test_the_matrix_check_can_fail(monkeypatch) -> None:
-    """A pin moved in the code without the README (the pair the issue found) is caught."""
+    """A pin moved in the code without the page (the pair the issue found) is caught."""
     monkeypatch.setitem(ENGINE_PINS, "nvidia", replace(ENGINE_PINS["nvidia"], transformers_version="5.23.0"))
-    assert support_matrix.block(support_matrix.README.read_text()) != support_matrix.table()
+    assert docs.current(PAGE.read_text(), "support-matrix") != support_matrix.table()
 
 
 @pytest.mark.parametrize(
@@ -36,28 +40,9 @@ def test_the_matrix_check_can_fail(monkeypatch) -> None:
     ],
 )
 def test_the_role_settings_make_the_driver_and_runtime_cells(settings, cell) -> None:
-    """The cells follow the roles' settings, not a copy of them (the defaults give the README's table)."""
+    """The cells follow the roles' settings, not a copy of them (the defaults give the page's table)."""
     assert cell in support_matrix.table(**settings)
     assert cell not in support_matrix.table()
-
-
-def test_write_puts_the_table_between_the_markers(tmp_path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text("# intro\n\n<!-- support-matrix: old -->\n| old |\n<!-- /support-matrix -->\n\nmore\n")
-    assert support_matrix.write(readme) is True
-    text = readme.read_text()
-    assert text.startswith(f"# intro\n\n{support_matrix.BEGIN}\n")
-    assert text.endswith("<!-- /support-matrix -->\n\nmore\n")
-    assert support_matrix.block(text) == support_matrix.table()
-    assert support_matrix.write(readme) is False
-
-
-def test_write_refuses_a_readme_without_markers(tmp_path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text("# intro\n")
-    with pytest.raises(ValueError, match="no support-matrix markers"):
-        support_matrix.write(readme)
-    assert readme.read_text() == "# intro\n"
 
 
 def test_the_rocm_role_installs_the_release_the_rocm_wheel_is_built_on() -> None:
