@@ -1,6 +1,7 @@
-"""`gemmaserve status`: per host and replica, unit state, health, model, load and cache use, read over ssh
-from each replica's own /health, /v1/models and /metrics (replicas listen on loopback behind HAProxy), and
-whether the host's load balancer answers a client with the operator's key (GEMMASERVE_API_KEY)."""
+"""`gemmaserve status`: per host and replica, unit state, health, model, load, cache use, prefix-cache hit rate
+and share of the host's requests, read over ssh from each replica's own /health, /v1/models and /metrics
+(replicas listen on loopback behind HAProxy), and whether the host's load balancer answers a client with the
+operator's key (GEMMASERVE_API_KEY)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,12 @@ class ReplicaStatus:
     running: float | None
     waiting: float | None
     kv_cache_usage: float | None
+    # Tokens found in the prefix cache over tokens looked up, since the replica started (vLLM's counters).
     prefix_cache_hit_rate: float | None
+    # Requests the replica finished since it started (every finish reason), and that count's share of the
+    # host's: cache-affine routing spreads conversations, not requests, so shares drift apart (docs/routing.md).
+    requests: float | None = None
+    request_share: float | None = None
     # What the unit says it is doing: "fetching weights: 412/1090 MiB ...", "loading model",
     # "compiling (12 new compile-cache files)", "ready (38 s after start)" (roles/replicas/files/replica_ready.py).
     phase: str = ""
@@ -56,6 +62,9 @@ def replica_status(
         model = json.loads(models_json)["data"][0]["id"]
     except (ValueError, KeyError, IndexError):
         model = None
+    # vLLM's names at the pinned release (vllm/v1/metrics/loggers.py, v0.32.0): counters vllm:prefix_cache_queries
+    # and vllm:prefix_cache_hits (tokens), vllm:request_success (requests, by finished_reason); Prometheus
+    # exposes counters with a _total suffix.
     queries = sums.get("vllm:prefix_cache_queries_total")
     hits = sums.get("vllm:prefix_cache_hits_total")
     return ReplicaStatus(
@@ -69,8 +78,21 @@ def replica_status(
         waiting=sums.get("vllm:num_requests_waiting"),
         kv_cache_usage=sums.get("vllm:kv_cache_usage_perc"),
         prefix_cache_hit_rate=(hits / queries) if queries else None,
+        requests=sums.get("vllm:request_success_total"),
         phase=phase,
     )
+
+
+def with_request_shares(statuses: list[ReplicaStatus]) -> list[ReplicaStatus]:
+    """Each replica's share of its host's finished requests (None where a count is missing or the host has none)."""
+    totals: dict[str, float] = {}
+    for status in statuses:
+        if status.requests is not None:
+            totals[status.host] = totals.get(status.host, 0.0) + status.requests
+    for status in statuses:
+        total = totals.get(status.host)
+        status.request_share = status.requests / total if status.requests is not None and total else None
+    return statuses
 
 
 def unit_phase(chunk: str) -> str:
@@ -140,7 +162,7 @@ def collect(inventory: str, limit: list[str] | tuple[str, ...] = ()) -> list[Rep
                 status = replica_status(name, replica.index, state, code, models, metrics, unit_phase(raw[4]))
             status.endpoint = endpoint
             statuses.append(status)
-    return statuses
+    return with_request_shares(statuses)
 
 
 def as_json(statuses: list[ReplicaStatus]) -> str:
@@ -163,6 +185,7 @@ def print_table(statuses: list[ReplicaStatus]) -> None:
         "waiting",
         "KV cache",
         "prefix hits",
+        "requests",
         "endpoint",
     )
     for column in columns:
@@ -185,6 +208,7 @@ def print_table(statuses: list[ReplicaStatus]) -> None:
             number(s.waiting),
             number(s.kv_cache_usage, True),
             number(s.prefix_cache_hit_rate, True),
+            number(s.request_share, True),
             s.endpoint,
         )
     Console().print(table)

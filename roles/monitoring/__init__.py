@@ -1,6 +1,7 @@
 """Monitoring: Prometheus scraping every replica's /metrics, HAProxy's exporter and the accelerator's
 telemetry (DCGM's exporter on NVIDIA, AMD's Device Metrics Exporter on Instinct, libtpu's runtime metrics on
-TPU VMs), with alerts on a full KV cache, queued requests, replicas out of rotation and device health."""
+TPU VMs), with alerts on a full KV cache, queued requests, replicas out of rotation, prefix-cache hit rates,
+the routing load spread and device health."""
 
 from __future__ import annotations
 
@@ -53,6 +54,12 @@ class Settings(RoleSettings):
     down_for: PrometheusDuration = "1m"
     # How long clocks may be held down by temperature before it is an alert.
     thermal_for: PrometheusDuration = "5m"
+    # A replica's prefix-cache hit rate over this window below this share of its rate over the hour before (and
+    # for as long) is a collapse.
+    hit_rate_window: PrometheusDuration = "10m"
+    hit_rate_collapse: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    # How long the busiest replica may hold more than the routing load bound allows before it is an alert.
+    spread_for: PrometheusDuration = "5m"
     # Where dcgm-exporter listens on NVIDIA hosts (its default is :9400 on every address).
     dcgm_listen: Listen = "127.0.0.1:9400"
     # AMD's Device Metrics Exporter release (its apt repository path) and address on AMD hosts (its
@@ -92,8 +99,9 @@ def prometheus_config(
 
 
 def alert_rules(serving: Plan, settings: Settings = Settings()) -> str:
-    """The alert rules: KV cache past the threshold, requests waiting, a replica down or out of rotation, and
-    the health of this plan's accelerator (NVIDIA, AMD or TPU)."""
+    """The alert rules: KV cache past the threshold, requests waiting, a replica down or out of rotation, its
+    prefix-cache hit rate collapsing, the load spread past the routing bound, and the health of this plan's
+    accelerator (NVIDIA, AMD or TPU)."""
     return render(
         TEMPLATES / "gemmaserve.rules.yml.j2",
         replicas=serving.replicas,
@@ -101,6 +109,10 @@ def alert_rules(serving: Plan, settings: Settings = Settings()) -> str:
         queue_for=settings.queue_for,
         down_for=settings.down_for,
         thermal_for=settings.thermal_for,
+        hit_rate_window=settings.hit_rate_window,
+        hit_rate_collapse=settings.hit_rate_collapse,
+        spread_for=settings.spread_for,
+        load_bound=serving.routing.load_bound_percent / 100 if serving.routing.prefix_affinity else None,
         gpu_rules=serving.accelerator.vendor == "nvidia",
         amd_rules=serving.accelerator.vendor == "amd",
         tpu_rules=serving.accelerator.vendor == "google",

@@ -34,6 +34,34 @@ def test_replica_status_fields():
     assert status.prefix_cache_hit_rate == 0.25
 
 
+# As the pinned vLLM's Prometheus client writes its counters (vllm/v1/metrics/loggers.py, v0.32.0): one series
+# per finished_reason, labels in alphabetical order, a _created gauge beside each counter.
+REQUESTS = """# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{{engine="0",finished_reason="stop",model_name="google/gemma-4-31B-it"}} {stop}
+vllm:request_success_total{{engine="0",finished_reason="length",model_name="google/gemma-4-31B-it"}} {length}
+vllm:request_success_total{{engine="0",finished_reason="abort",model_name="google/gemma-4-31B-it"}} 0.0
+vllm:request_success_total{{engine="0",finished_reason="error",model_name="google/gemma-4-31B-it"}} 0.0
+vllm:request_success_total{{engine="0",finished_reason="repetition",model_name="google/gemma-4-31B-it"}} 0.0
+# HELP vllm:request_success_created Count of successfully processed requests.
+# TYPE vllm:request_success_created gauge
+vllm:request_success_created{{engine="0",finished_reason="stop",model_name="google/gemma-4-31B-it"}} 1.7955588314705157e+09
+"""
+
+
+def test_request_share_is_each_replicas_part_of_its_hosts_finished_requests():
+    from gemmaserve.ops.status import with_request_shares
+
+    rows = [
+        replica_status("a", 0, "active", "200", "", METRICS + REQUESTS.format(stop="58.0", length="2.0")),
+        replica_status("a", 1, "active", "200", "", METRICS + REQUESTS.format(stop="20.0", length="0.0")),
+        replica_status("a", 2, "failed", "000", "", ""),
+        replica_status("b", 0, "active", "200", "", METRICS + REQUESTS.format(stop="0.0", length="0.0")),
+    ]
+    shares = [(s.host, s.index, s.requests, s.request_share) for s in with_request_shares(rows)]
+    assert shares == [("a", 0, 60.0, 0.75), ("a", 1, 20.0, 0.25), ("a", 2, None, None), ("b", 0, 0.0, None)]
+
+
 def test_down_replica_has_no_numbers():
     status = replica_status("h", 1, "failed", "000", "", "")
     assert not status.healthy and status.model is None and status.kv_cache_usage is None

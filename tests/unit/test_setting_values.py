@@ -89,6 +89,8 @@ SETTINGS = [
     ("monitoring_queue_for", "30s\n  labels: {}", "1m30s"),
     ("monitoring_down_for", "1m'", "2m"),
     ("monitoring_thermal_for", "$(id)", "10m"),
+    ("monitoring_hit_rate_window", "10m) or vector(1", "15m"),
+    ("monitoring_spread_for", "5m\n", "10m"),
     ("monitoring_dcgm_listen", "127.0.0.1:9400 -f /etc/shadow", "127.0.0.1:9401"),
     ("monitoring_amd_exporter_listen", "127.0.0.1:5000\n", "127.0.0.1:5001"),
     ("monitoring_amd_exporter_version", "1.5.1\n", "1.6.0"),
