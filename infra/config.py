@@ -58,7 +58,9 @@ class WeightsDisk(Strict):
 
     type: Literal["pd-balanced", "pd-ssd", "hyperdisk-balanced", "local-ssd", "none"] = "pd-balanced"
     size_gb: int = Field(500, ge=50, le=65536, description="Persistent disk size; ignored for local-ssd.")
-    local_ssd_count: int = Field(1, ge=1, le=32, description="375 GB NVMe partitions when type is local-ssd.")
+    local_ssd_count: int = Field(
+        1, ge=1, le=32, description="375 GB NVMe partitions for local-ssd; A2 Ultra/A3/A4 use their bundle."
+    )
 
 
 class WeightsBucketConfig(Strict):

@@ -8,6 +8,28 @@ import pulumi
 import pulumi_gcp as gcp
 from config import CLOUD_PLATFORM_SCOPE
 
+# Local SSDs Compute Engine attaches by itself (375 GB NVMe each) to every A2 Ultra, A3 and A4 machine type;
+# G2 and G4 get none unless asked (https://cloud.google.com/compute/docs/disks/local-ssd#lssd_disks_fixed,
+# https://cloud.google.com/compute/docs/disks/add-local-ssd). The provider reads them back into
+# scratch_disks, which is ForceNew (terraform-provider-google resource_compute_instance.go, #19648), so they
+# are declared: a program that declares what Google attaches has no diff on the next `up`. ignore_changes
+# would hide the diff but leave the program saying the VM has no (or one) local SSD when it has sixteen,
+# and local-ssd weights would still ask for a count the machine type does not take.
+BUNDLED_LOCAL_SSDS = {
+    "a2-ultragpu-1g": 1,
+    "a2-ultragpu-2g": 2,
+    "a2-ultragpu-4g": 4,
+    "a2-ultragpu-8g": 8,
+    "a3-highgpu-1g": 2,
+    "a3-highgpu-2g": 4,
+    "a3-highgpu-4g": 8,
+    "a3-highgpu-8g": 16,
+    "a3-megagpu-8g": 16,
+    "a3-ultragpu-8g": 32,
+    "a4-highgpu-8g": 32,
+}
+LOCAL_SSD_GB = 375
+
 PROVISIONING_MODEL = {"standard": "STANDARD", "reserved": "STANDARD", "spot": "SPOT", "flex-start": "FLEX_START"}
 
 
@@ -72,10 +94,12 @@ class GpuVm(pulumi.ComponentResource):
         super().__init__("gemmaserve:gcp:GpuVm", name, None, opts)
         # Children wait for what the component waits for (the project's APIs): Pulumi does not pass depends_on down.
         child = pulumi.ResourceOptions(parent=self, depends_on=opts.depends_on if opts else None)
-        attached, scratch = [], []
-        if args.weights_disk_type == "local-ssd":
-            scratch = [gcp.compute.InstanceScratchDiskArgs(interface="NVME") for _ in range(args.local_ssd_count)]
-        elif args.weights_disk_type != "none":
+        attached = []
+        bundled = BUNDLED_LOCAL_SSDS.get(args.machine_type)
+        ssds = bundled or (args.local_ssd_count if args.weights_disk_type == "local-ssd" else 0)
+        scratch = [gcp.compute.InstanceScratchDiskArgs(interface="NVME", size=LOCAL_SSD_GB) for _ in range(ssds)]
+        # On machine types with a bundle, local-ssd weights use the bundle (local_ssd_count is not asked for).
+        if args.weights_disk_type not in ("local-ssd", "none"):
             disk = gcp.compute.Disk(
                 f"{name}-weights",
                 zone=args.zone,
