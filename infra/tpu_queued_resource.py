@@ -7,7 +7,9 @@ document) and runs the lifecycle an SRE expects:
 - create adopts a request of the same name an interrupted run left behind, queues along the fallback
   chain (zones, then provisioning models), and returns within `create_wait_seconds` with the request's
   state in its outputs: it never holds `pulumi up` for the hours a queue can take, and once a request
-  exists in Google Cloud, create never fails (so nothing is left outside Pulumi's state);
+  exists in Google Cloud, create never fails (so nothing is left outside Pulumi's state): a create that
+  was accepted and then failed for the caller (operation timeout, dropped connection, credentials) is
+  looked up and adopted, and a re-queue in update adopts what an interrupted run left first;
 - read reports the real state and address; a request deleted out of band leaves Pulumi's state;
 - diff asks the API: a FAILED, SUSPENDED (preempted, flex-start ended) or vanished request, or a
   flex-start slice within `recycle_before_seconds` of its end, is an update that re-queues it; labels,
@@ -470,9 +472,8 @@ class QueuedResourceProvider(ResourceProvider):
             parent = f"projects/{props['project']}/locations/{candidate.zone}"
             name = f"{parent}/queuedResources/{qr_id}"
             self._say(f"{qr_id}: requesting {props['accelerator_type']} ({candidate})")
-            try:
-                api.create_queued_resource(parent, qr_id, build_request(props, candidate.zone, candidate.provisioning))
-            except ApiError as error:
+            error = self._create(api, name, props, candidate)
+            if error is not None:
                 if error.status == "ALREADY_EXISTS":
                     adopted, _ = self._adopt(api, props)
                     if adopted is not None:
@@ -499,6 +500,45 @@ class QueuedResourceProvider(ResourceProvider):
                     self._say(f"{qr_id}: could not delete the {observation.state} request ({error}); keeping it")
             return self._outs(api, props, candidate, observation, history)
         raise QueuedResourceFailed(qr_id, "NO_CAPACITY", "no candidate could be queued: " + "; ".join(misses))
+
+    def _create(self, api: TpuApi, name: str, props: dict[str, Any], candidate: Candidate) -> ApiError | None:
+        """Ask for the request: None once it exists, else the API's refusal.
+
+        A create can be accepted and still fail for the caller (the operation wait times out or errors,
+        the connection drops, a credential refresh fails): the request is then queued and will bill, so
+        whatever failed, the request is looked up, and one that exists (or may exist) is the caller's.
+        """
+        parent, qr_id = name.rsplit("/queuedResources/", 1)
+        try:
+            api.create_queued_resource(parent, qr_id, build_request(props, candidate.zone, candidate.provisioning))
+            return None
+        except Exception as error:  # noqa: BLE001 - whatever failed, the request may exist now
+            if isinstance(error, ApiError) and error.status == "ALREADY_EXISTS":
+                return error
+            failure = error
+        try:
+            api.get_queued_resource(name)
+        except ApiError as probe:
+            if probe.status == "NOT_FOUND":
+                if isinstance(failure, ApiError):
+                    return failure
+                raise QueuedResourceFailed(name, "REFUSED", f"the create failed: {failure!r}") from failure
+            unreadable: Exception = probe
+        except Exception as probe:  # noqa: BLE001 - cannot tell whether it was accepted
+            unreadable = probe
+        else:
+            self._say(
+                f"{qr_id}: the create failed after it was accepted ({failure!r}); the request exists: adopting it"
+            )
+            return None
+        # Neither the create nor a read answered. Only an HTTP 4xx refusal of the create call itself says
+        # nothing was made; anything else may have been accepted, so it is tracked (read settles it).
+        if isinstance(failure, ApiError) and 400 <= failure.code < 500:
+            return failure
+        self._say(
+            f"{qr_id}: the create failed ({failure!r}) and the request cannot be read ({unreadable!r}); tracking it"
+        )
+        return None
 
     def _event(self, candidate: Candidate, state: str, reason: str) -> dict[str, str]:
         return {
@@ -603,6 +643,10 @@ class QueuedResourceProvider(ResourceProvider):
             if live.state != GONE:
                 self._delete_and_wait(api, olds["queued_resource_name"], olds["node_name"], news)
             history.append(self._event(current, live.state, live.reason or decision.why))
+            # A request of this name an interrupted run left in another zone is adopted, not doubled.
+            adopted, _ = self._adopt(api, {**news, "history": history})
+            if adopted is not None:
+                return UpdateResult(outs=adopted)
             chain = candidates(news)
             start = 0 if decision.from_top or current not in chain else chain.index(current) + 1
             return UpdateResult(outs=self._queue(api, {**news, "history": history}, start, []))

@@ -117,6 +117,9 @@ class Zone:
     # Older API revisions said ACCEPTED before WAITING_FOR_RESOURCES replaced it; this long, if set.
     accepted_for: float = 0
     models: frozenset[str] | None = None
+    # The create is accepted (the request exists) and then this is raised to the caller: the operation
+    # wait timing out or failing, a dropped connection, a credential refresh error.
+    raise_after_accept: Exception | None = None
 
 
 @dataclass
@@ -190,6 +193,8 @@ class FakeTpu:
                 raise error("INVALID_ARGUMENT", f"Provisioning model {model} is not supported in zone {zone}")
             first = "ACCEPTED" if spec.accepted_for else "WAITING_FOR_RESOURCES"
             self.records[name] = Record(name=name, zone=zone, body=body, created=self.clock(), state=first)
+            if spec.raise_after_accept is not None:
+                raise spec.raise_after_accept
 
     def get_queued_resource(self, name: str) -> dict:
         with self.lock:

@@ -612,3 +612,81 @@ def test_every_transition_of_one_slice():
     outs = provider(fake).update(result.id, outs, props(create_wait_seconds=900)).outs
     seen.append(outs["state"])
     assert seen == ["ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE", "SUSPENDED", "ACTIVE"]
+
+
+# --- a request that exists in Google Cloud is always in Pulumi's state ----------------------------
+
+LIVE = ("WAITING_FOR_RESOURCES", "ACCEPTED", "PROVISIONING", "ACTIVE")
+
+
+def up(p: QueuedResourceProvider, state: dict | None, news: dict) -> dict | None:
+    """One `pulumi up` as the engine runs it: create, or diff then update; a raise leaves the state as it was."""
+    try:
+        if state is None:
+            return p.create(news).outs
+        if p.diff(QR_ID, state, news).changes:
+            return p.update(QR_ID, state, news).outs
+    except AssertionError:
+        raise  # the fake refused a payload: a test failure, not a provider error
+    except Exception:  # noqa: BLE001 - the engine records the failure and keeps the old state
+        pass
+    return state
+
+
+def assert_only_tracked_requests_live(fake: FakeTpu, state: dict | None) -> None:
+    live = [r.name for r in fake.live() if r.state in LIVE]
+    tracked = [state["queued_resource_name"]] if state else []
+    assert live == [n for n in tracked if n in live] and len(live) <= 1, (live, tracked)
+    assert set(live) <= set(tracked), f"live but not in Pulumi's state: {sorted(set(live) - set(tracked))}"
+
+
+FAULTS = {
+    "operation wait timed out": ApiError(504, "DEADLINE_EXCEEDED", "operation still running"),
+    "operation failed": ApiError(500, "INTERNAL", "operation error"),
+    "connection dropped": ConnectionResetError("connection reset by peer"),
+    "read timed out": TimeoutError("The read operation timed out"),
+    "credential refresh": RuntimeError("RefreshError: invalid_grant"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_create_accepted_then_failing_is_adopted_not_raised(fault):
+    fake = FakeTpu()
+    capacity(fake, ZONES[0], at=EPOCH + 3 * HOUR, raise_after_accept=FAULTS[fault])
+    state = up(provider(fake), None, props())
+    assert state is not None and state["zone"] == ZONES[0]
+    assert_only_tracked_requests_live(fake, state)
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_failed_requeue_then_another_up_leaves_one_live_request(fault):
+    fake = FakeTpu()
+    p = props()
+    state = active(fake, p).outs
+    fake.zones[ZONES[0]] = Zone(fail_after=0)  # the slice's zone gives up on it: a requeue moves on
+    record = fake.records[qr_name(ZONES[0])]
+    record.state, record.node = "FAILED", None
+    record.failure = recorded("failed_quota", ZONES[0])["state"]["failedData"]["error"]
+    fake.zones[ZONES[1]] = Zone(capacity_at=fake.clock() + 3 * HOUR, raise_after_accept=FAULTS[fault])
+    capacity(fake, ZONES[2], at=fake.clock() + 3 * HOUR)
+    state = up(provider(fake), state, p)
+    assert_only_tracked_requests_live(fake, state)
+    fake.zones[ZONES[1]].raise_after_accept = None
+    for _ in range(2):
+        state = up(provider(fake), state, p)
+        assert_only_tracked_requests_live(fake, state)
+
+
+def test_a_requeue_adopts_a_request_an_interrupted_update_left_in_another_zone():
+    fake = FakeTpu()
+    p = props()
+    state = active(fake, p).outs
+    record = fake.records[qr_name(ZONES[0])]
+    record.state, record.node = "FAILED", None
+    record.failure = recorded("failed_quota", ZONES[0])["state"]["failedData"]["error"]
+    capacity(fake, ZONES[1], at=fake.clock() + 3 * HOUR)
+    # An earlier `up` queued in the last zone and was killed before it could record it.
+    fake.create_queued_resource(f"projects/{PROJECT}/locations/{ZONES[2]}", QR_ID, build_request(p, ZONES[2]))
+    state = up(provider(fake), state, p)
+    assert state["zone"] == ZONES[2]
+    assert_only_tracked_requests_live(fake, state)
