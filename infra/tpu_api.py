@@ -15,10 +15,15 @@ from typing import Any, Protocol
 
 
 class ApiError(Exception):
-    """An API call refused: HTTP code, canonical status (RESOURCE_EXHAUSTED, NOT_FOUND, ...) and message."""
+    """An API call refused: HTTP code, canonical status (RESOURCE_EXHAUSTED, NOT_FOUND, ...), message and details.
 
-    def __init__(self, code: int, status: str, message: str):
-        self.code, self.status, self.message = code, status, message
+    details: the google.rpc.Status details (ErrorInfo, QuotaFailure, ... each with its "@type"), which say
+    what RESOURCE_EXHAUSTED means: a quota or no capacity (https://cloud.google.com/apis/design/errors,
+    github.com/googleapis/googleapis google/rpc/error_details.proto).
+    """
+
+    def __init__(self, code: int, status: str, message: str, details: list[dict] | tuple = ()):
+        self.code, self.status, self.message, self.details = code, status, message, list(details or [])
         super().__init__(f"{status} ({code}): {message}")
 
 
@@ -48,7 +53,12 @@ def api_error(http_error) -> ApiError:
         error = json.loads(http_error.content or b"{}").get("error", {})
     except ValueError:
         error = {}
-    return ApiError(code, error.get("status") or _STATUS.get(code, "UNKNOWN"), error.get("message") or str(http_error))
+    return ApiError(
+        code,
+        error.get("status") or _STATUS.get(code, "UNKNOWN"),
+        error.get("message") or str(http_error),
+        [d for d in error.get("details") or [] if isinstance(d, dict)],
+    )
 
 
 class GoogleTpuApi:
@@ -94,7 +104,10 @@ class GoogleTpuApi:
         if "error" in operation:
             error = operation["error"]
             raise ApiError(
-                int(error.get("code", 0)), str(error.get("status", error.get("code"))), error.get("message", "")
+                int(error.get("code", 0)),
+                str(error.get("status", error.get("code"))),
+                error.get("message", ""),
+                [d for d in error.get("details") or [] if isinstance(d, dict)],
             )
 
     def create_queued_resource(self, parent: str, queued_resource_id: str, body: dict) -> None:

@@ -111,6 +111,65 @@ def is_capacity_error(status: str, message: str) -> bool:
     return bool(_CAPACITY.search(status or "")) or bool(_CAPACITY.search(message or ""))
 
 
+# google.rpc.ErrorInfo reasons (github.com/googleapis/googleapis google/api/error_reason.proto; STOCKOUT is
+# error_details.proto's own example of a zone out of stock, ZONE_RESOURCE_POOL_EXHAUSTED Compute's).
+QUOTA_REASONS = frozenset({"RESOURCE_QUOTA_EXCEEDED", "RATE_LIMIT_EXCEEDED", "QUOTA_EXCEEDED"})
+CAPACITY_REASONS = frozenset({"STOCKOUT", "ZONE_RESOURCE_POOL_EXHAUSTED", "RESOURCE_POOL_EXHAUSTED"})
+PERMISSION_REASONS = frozenset(
+    {
+        "IAM_PERMISSION_DENIED",
+        "SERVICE_DISABLED",
+        "BILLING_DISABLED",
+        "ACCESS_TOKEN_SCOPE_INSUFFICIENT",
+        "USER_PROJECT_DENIED",
+        "CONSUMER_SUSPENDED",
+    }
+)
+TRANSIENT_STATUSES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "ABORTED"})
+TRANSIENT_RETRIES = 2
+_QUOTA = re.compile(r"\bquota\b", re.IGNORECASE)
+_QUOTA_NAME = re.compile(r"[Qq]uota (?:limit |metric )?'([^']+)'")
+# An accelerator type or provisioning model the zone does not sell: another zone may.
+_NOT_IN_ZONE = re.compile(r"not (?:available|supported|offered)\b.*\bzone", re.IGNORECASE)
+
+
+def _detail(error: ApiError, kind: str) -> list[dict]:
+    return [d for d in error.details if str(d.get("@type", "")).endswith("google.rpc." + kind)]
+
+
+def classify(error: ApiError) -> str:
+    """quota, capacity, permission, not-in-zone, transient or other: from the details, then the status."""
+    reasons = {str(d.get("reason", "")) for d in _detail(error, "ErrorInfo")}
+    if _detail(error, "QuotaFailure") or reasons & QUOTA_REASONS:
+        return "quota"
+    if reasons & CAPACITY_REASONS:
+        return "capacity"
+    if error.status == "PERMISSION_DENIED" or reasons & PERMISSION_REASONS:
+        return "permission"
+    if error.status in TRANSIENT_STATUSES:
+        return "transient"
+    if error.status == "RESOURCE_EXHAUSTED":
+        # No details: RESOURCE_EXHAUSTED is both "over quota" and "no capacity"; only the message tells.
+        return "quota" if _QUOTA.search(error.message or "") else "capacity"
+    if error.status in ("INVALID_ARGUMENT", "FAILED_PRECONDITION") and _NOT_IN_ZONE.search(error.message or ""):
+        return "not-in-zone"
+    return "capacity" if is_capacity_error(error.status, error.message) else "other"
+
+
+def quota_named(error: ApiError) -> str:
+    """The quota a refusal names: QuotaFailure violations, ErrorInfo metadata, else the message."""
+    names = [
+        v.get("description") or v.get("subject")
+        for d in _detail(error, "QuotaFailure")
+        for v in d.get("violations") or []
+    ]
+    for info in _detail(error, "ErrorInfo"):
+        metadata = info.get("metadata") or {}
+        names += [metadata.get("quota_limit"), metadata.get("quota_metric")]
+    names += _QUOTA_NAME.findall(error.message or "")
+    return "; ".join(dict.fromkeys(n for n in names if n)) or error.message
+
+
 def _seconds(value: float) -> str:
     return f"{int(value)}s"
 
@@ -473,16 +532,29 @@ class QueuedResourceProvider(ResourceProvider):
             name = f"{parent}/queuedResources/{qr_id}"
             self._say(f"{qr_id}: requesting {props['accelerator_type']} ({candidate})")
             error = self._create(api, name, props, candidate)
+            for _ in range(TRANSIENT_RETRIES):
+                if error is None or classify(error) != "transient":
+                    break
+                self._say(f"{qr_id}: {error.status} from the create ({error.message}); retrying")
+                self.sleep(self.poll_seconds)
+                error = self._create(api, name, props, candidate)
             if error is not None:
                 if error.status == "ALREADY_EXISTS":
                     adopted, _ = self._adopt(api, props)
                     if adopted is not None:
                         return adopted
                     continue
-                if is_capacity_error(error.status, error.message):
+                kind = classify(error)
+                if kind == "quota":
+                    # Quota is not capacity: no other zone or hour helps until the quota is raised.
+                    raise QueuedResourceFailed(
+                        name, "QUOTA", f"over quota {quota_named(error)}: request an increase ({error.message})"
+                    ) from error
+                if kind in ("capacity", "not-in-zone", "transient"):
+                    what = {"capacity": "no capacity", "not-in-zone": "not sold", "transient": "unavailable"}[kind]
                     misses.append(f"{candidate}: {error.message}")
                     history.append(self._event(candidate, "REFUSED", error.message))
-                    self._say(f"{qr_id}: no capacity in {candidate.zone} ({error.message}); trying the next candidate")
+                    self._say(f"{qr_id}: {what} in {candidate.zone} ({error.message}); trying the next candidate")
                     continue
                 raise QueuedResourceFailed(name, "REFUSED", f"{error.status}: {error.message}") from error
             # From here on the request exists in Google Cloud: never raise, or it would be orphaned.

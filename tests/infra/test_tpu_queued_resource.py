@@ -690,3 +690,75 @@ def test_a_requeue_adopts_a_request_an_interrupted_update_left_in_another_zone()
     state = up(provider(fake), state, p)
     assert state["zone"] == ZONES[2]
     assert_only_tracked_requests_live(fake, state)
+
+
+# --- create refusals are classified from the error's details ---------------------------------------
+
+QUOTA_FAILURE = {
+    "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+    "violations": [
+        {"subject": "project:gemmaserve-test", "description": "TPUV6EPerProjectPerZoneForTPUAPI limit 0 exceeded"}
+    ],
+}
+QUOTA_INFO = {
+    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+    "reason": "RESOURCE_QUOTA_EXCEEDED",
+    "domain": "googleapis.com",
+    "metadata": {"quota_metric": "tpu.googleapis.com/tpuv6e_cores", "quota_limit": "TPUV6EPerProjectPerZoneForTPUAPI"},
+}
+STOCKOUT = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "STOCKOUT", "domain": "tpu.googleapis.com"}
+
+
+def exhausted(details: list[dict], message: str = "Resource exhausted") -> ApiError:
+    return ApiError(429, "RESOURCE_EXHAUSTED", message, details)
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        exhausted([QUOTA_FAILURE]),
+        exhausted([QUOTA_INFO]),
+        exhausted([], "Quota limit 'TPUV6EPerProjectPerZoneForTPUAPI' has been exceeded. Limit: 0 in zone x."),
+    ],
+    ids=["QuotaFailure", "ErrorInfo", "message only"],
+)
+def test_quota_fails_fast_naming_the_quota_not_no_capacity(refusal):
+    fake = FakeTpu()
+    for zone in ZONES:
+        fake.zones[zone] = Zone(refuse_create=refusal)
+    with pytest.raises(QueuedResourceFailed) as caught:
+        provider(fake).create(props())
+    assert caught.value.state == "QUOTA" and "TPUV6EPerProjectPerZoneForTPUAPI" in str(caught.value)
+    assert fake.created_in() == [ZONES[0]]
+
+
+def test_a_stockout_in_the_details_moves_to_the_next_zone():
+    fake = FakeTpu()
+    fake.zones[ZONES[0]] = Zone(refuse_create=exhausted([STOCKOUT]))
+    capacity(fake, ZONES[1])
+    assert provider(fake).create(props()).outs["zone"] == ZONES[1]
+
+
+def test_an_accelerator_type_the_zone_does_not_offer_moves_to_the_next_zone():
+    fake = FakeTpu()
+    fake.zones[ZONES[0]] = Zone(
+        refuse_create=ApiError(400, "INVALID_ARGUMENT", f"Accelerator type v6e-4 is not available in zone {ZONES[0]}")
+    )
+    capacity(fake, ZONES[1])
+    assert provider(fake).create(props()).outs["zone"] == ZONES[1]
+
+
+def test_a_transient_refusal_is_retried_in_the_same_zone():
+    fake = FakeTpu()
+    capacity(fake, ZONES[0])
+    create = fake.create_queued_resource
+    failures = [ApiError(503, "UNAVAILABLE", "The service is currently unavailable.")]
+
+    def flaky_create(*args):
+        if failures:
+            raise failures.pop()
+        create(*args)
+
+    fake.create_queued_resource = flaky_create
+    result = provider(fake).create(props())
+    assert (result.outs["zone"], result.outs["state"]) == (ZONES[0], "ACTIVE")
