@@ -1,15 +1,17 @@
 """`gemmaserve bench`: `vllm bench serve` on each host against its load balancer, over the benchmark
-profiles of vLLM's Gemma 4 recipe and a concurrency sweep; a table, a JSON file and a PNG plot of throughput and latency."""
+profiles of vLLM's Gemma 4 recipe and a concurrency sweep; a table, a JSON file and a PNG plot of throughput and latency.
+With `--workload multi-turn`, conversations sent to each host's balancer (gemmaserve.ops.conversations) instead."""
 
 from __future__ import annotations
 
 import json
 import shlex
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gemmaserve.ops import fleet
+from gemmaserve.ops import conversations, fleet
 from gemmaserve.ops.endpoint import API_KEY_ENV, CA_CERT_ENV
 from gemmaserve.ops.status import metric_sums
 from gemmaserve.plan import CONTAINER_RUNTIME, HF_HOME, STATE_DIR, Plan
@@ -19,6 +21,8 @@ PROFILES = {"prompt-heavy": (8000, 1000), "decode-heavy": (1000, 8000), "balance
 # The same recipe's concurrency sweep: 1, 16, 32, 64, 128, 256.
 DEFAULT_CONCURRENCY = (1, 16, 32, 64, 128, 256)
 RESULT_DIR = "/tmp/gemmaserve-bench"
+# `--workload`: vLLM's benchmark over PROFILES, or multi-turn conversations that share each one's prefix.
+WORKLOADS = ("profiles", "multi-turn")
 FIELDS = (
     "request_throughput",
     "output_throughput",
@@ -191,6 +195,37 @@ def run(
                     )
                 )
     return points
+
+
+def run_multi_turn(
+    inventory: str,
+    workload: conversations.Workload,
+    log=print,
+    limit: list[str] | tuple[str, ...] = (),
+) -> list[conversations.PolicyRun]:
+    """The multi-turn workload against each host's balancer, as a client calls it, under the routing policy the
+    host is deployed with; its replicas' counters are read over ssh before and after (conversations.measure)."""
+    runs = []
+    for host in fleet.load(inventory, limit):
+        serving = host.plan
+        endpoint = host.endpoint()
+        if endpoint.credentials.api_key is None:
+            raise RuntimeError(
+                f"{host.name}: set {API_KEY_ENV} to a key of this endpoint (and {CA_CERT_ENV} to its CA)"
+            )
+        target = host.connect()
+        log(f"{host.name}: {workload.describe()}, routing {serving.routing.policy}")
+        run = conversations.measure(
+            endpoint,
+            serving.model.hf_id,
+            workload,
+            serving.replicas[0].capacity.block_size,
+            partial(conversations.read_counters, target, serving, host.name),
+            host=host.name,
+            policy=serving.routing.policy,
+        )
+        runs.append(run)
+    return runs
 
 
 def write_json(points: list[Point], path: Path) -> None:

@@ -325,6 +325,12 @@ def verify(
 def bench(
     inventory: str = typer.Option("hosts/sandbox.py", "--inventory", help="A pyinfra inventory file."),
     limit: list[str] = _LIMIT,
+    workload: str = typer.Option(
+        "profiles",
+        "--workload",
+        help="profiles: `vllm bench serve` over --profile and --concurrency; multi-turn: conversations that each "
+        "resend their history (prefix reuse, hit rate, TTFT, request share per replica; docs/routing.md).",
+    ),
     profile: list[str] = typer.Option(
         ["prompt-heavy", "decode-heavy", "balanced"],
         "--profile",
@@ -335,12 +341,38 @@ def bench(
         1.0, "--scale", help="Multiply the profiles' token lengths (e.g. 0.01 on the sandbox)."
     ),
     prompts_per_level: int = typer.Option(4, "--prompts-per-level", help="Prompts per unit of concurrency."),
-    out: Path = typer.Option(Path("bench-results"), "--out", help="Directory for bench.json and bench.png."),
+    conversations: int = typer.Option(32, "--conversations", help="multi-turn: how many conversations."),
+    turns: int = typer.Option(4, "--turns", help="multi-turn: turns per conversation (2 or more)."),
+    clients: int = typer.Option(8, "--clients", help="multi-turn: conversations in flight at once."),
+    system_prompt_words: int = typer.Option(
+        1000, "--system-prompt-words", help="multi-turn: length of each conversation's own system prompt."
+    ),
+    max_tokens: int = typer.Option(32, "--max-tokens", help="multi-turn: tokens per answer."),
+    request_timeout: float = typer.Option(120, "--request-timeout", help="multi-turn: seconds one turn may take."),
+    out: Path = typer.Option(
+        Path("bench-results"), "--out", help="Directory for bench.json and bench.png (multi-turn.json/.png)."
+    ),
 ) -> None:
-    """Run `vllm bench serve` on each host against its load balancer; print a table, write JSON and a PNG plot."""
+    """Run `vllm bench serve` on each host against its load balancer (or, with --workload multi-turn, multi-turn
+    conversations through it); print a table, write JSON and a PNG plot."""
     from gemmaserve.ops import bench as benchmark
     from gemmaserve.ops import fleet
 
+    if workload not in benchmark.WORKLOADS:
+        _fail(f"error: --workload = {workload!r}: allowed: {', '.join(benchmark.WORKLOADS)}", EXIT_BAD_INPUT)
+    if workload == "multi-turn":
+        _bench_multi_turn(
+            inventory,
+            limit,
+            out,
+            conversations=conversations,
+            turns=turns,
+            clients=clients,
+            system_prompt_words=system_prompt_words,
+            max_tokens=max_tokens,
+            timeout=request_timeout,
+        )
+        return
     unknown = [p for p in profile if p not in benchmark.PROFILES]
     if unknown:
         _fail(f"error: --profile = {unknown[0]!r}: allowed: {', '.join(benchmark.PROFILES)}", EXIT_BAD_INPUT)
@@ -365,6 +397,35 @@ def bench(
         typer.echo(f"wrote {out / 'bench.json'}; no plot: install the plot extra (pip install 'gemmaserve[plot]')")
         return
     typer.echo(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+
+
+# The multi-turn workload's fields as `gemmaserve bench` names them.
+_WORKLOAD_OPTIONS = {"timeout": "--request-timeout"}
+
+
+def _bench_multi_turn(inventory: str, limit: list[str], out: Path, **fields: Any) -> None:
+    import paramiko
+
+    from gemmaserve.ops import bench as benchmark
+    from gemmaserve.ops import conversations as multi_turn
+    from gemmaserve.ops import fleet
+    from gemmaserve.spec import SpecError
+
+    workload = multi_turn.Workload(**fields)
+    for field, allowed in workload.problems().items():
+        option = _WORKLOAD_OPTIONS.get(field, "--" + field.replace("_", "-"))
+        _fail(f"error: {option} = {getattr(workload, field)}: allowed: {allowed}", EXIT_BAD_INPUT)
+    try:
+        runs = benchmark.run_multi_turn(inventory, workload, log=typer.echo, limit=limit)
+    except (fleet.InventoryError, FileNotFoundError, SpecError) as error:
+        _fail(f"error: {error}", EXIT_BAD_INPUT)
+    except (RuntimeError, OSError, EOFError, paramiko.SSHException) as error:
+        _fail(f"error: {error}", 1)
+    multi_turn.report(runs, out, log=typer.echo)
+    silent = [run.name for run in runs if not run.completed]
+    if silent:
+        first = next(turn.error or f"HTTP {turn.status}" for run in runs for turn in run.turns if not turn.ok)
+        _fail(f"no turn was answered: {', '.join(silent)} (first failure: {first})", 1)
 
 
 keys_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)

@@ -37,6 +37,9 @@ class ReplicaStatus:
     # host's: cache-affine routing spreads conversations, not requests, so shares drift apart (docs/routing.md).
     requests: float | None = None
     request_share: float | None = None
+    # The counters the hit rate comes from (tokens), for rates over an interval (gemmaserve.ops.conversations).
+    prefix_cache_hits: float | None = None
+    prefix_cache_queries: float | None = None
     # What the unit says it is doing: "fetching weights: 412/1090 MiB ...", "loading model",
     # "compiling (12 new compile-cache files)", "ready (38 s after start)" (roles/replicas/files/replica_ready.py).
     phase: str = ""
@@ -79,6 +82,8 @@ def replica_status(
         kv_cache_usage=sums.get("vllm:kv_cache_usage_perc"),
         prefix_cache_hit_rate=(hits / queries) if queries else None,
         requests=sums.get("vllm:request_success_total"),
+        prefix_cache_hits=hits,
+        prefix_cache_queries=queries,
         phase=phase,
     )
 
@@ -149,20 +154,28 @@ def collect(inventory: str, limit: list[str] | tuple[str, ...] = ()) -> list[Rep
     for host in fleet.load(inventory, limit):
         name, serving = host.name, host.plan
         try:
-            chunks = host.connect().run(f"sh -c {shlex.quote(probe_script(serving))}").stdout.split(SEPARATOR)
+            replicas = read_host(name, serving, host.connect())
         except (OSError, EOFError, paramiko.SSHException) as error:
-            chunks, reason = None, f"ssh {host.address}: {error}".replace("\n", " ")[:120]
+            reason = f"ssh {host.address}: {error}".replace("\n", " ")[:120]
+            # Nothing is known of its replicas but why.
+            replicas = [replica_status(name, r.index, UNREACHABLE, "", "", "", reason) for r in serving.replicas]
         endpoint = endpoint_check(host)
-        for replica in serving.replicas:
-            if chunks is None:  # nothing is known of it but why
-                status = replica_status(name, replica.index, UNREACHABLE, "", "", "", reason)
-            else:
-                raw = chunks[replica.index * 5 : replica.index * 5 + 5]
-                state, code, models, metrics = (c.strip() for c in raw[:4])
-                status = replica_status(name, replica.index, state, code, models, metrics, unit_phase(raw[4]))
+        for status in replicas:
             status.endpoint = endpoint
             statuses.append(status)
     return with_request_shares(statuses)
+
+
+def read_host(name: str, serving: Plan, target) -> list[ReplicaStatus]:
+    """Every replica of one host, read in one ssh round trip on `target` (a testinfra host): what ssh raises
+    when the host cannot be reached is raised. Request shares are left unset (with_request_shares)."""
+    chunks = target.run(f"sh -c {shlex.quote(probe_script(serving))}").stdout.split(SEPARATOR)
+    statuses = []
+    for replica in serving.replicas:
+        raw = chunks[replica.index * 5 : replica.index * 5 + 5]
+        state, code, models, metrics = (c.strip() for c in raw[:4])
+        statuses.append(replica_status(name, replica.index, state, code, models, metrics, unit_phase(raw[4])))
+    return statuses
 
 
 def as_json(statuses: list[ReplicaStatus]) -> str:

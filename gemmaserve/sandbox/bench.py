@@ -1,16 +1,19 @@
 """Figures for the sandbox: rootfs build, cached unpack, host up, boot, idle RSS, down; and with a deploy:
-pyinfra deploy, no-op redeploy, time to first token after a cold and a warm replica restart; and the
-same for both engines, the pinned venv and the locally built image under podman."""
+pyinfra deploy, no-op redeploy, time to first token after a cold and a warm replica restart; the
+same for both engines, the pinned venv and the locally built image under podman; and both routing policies
+under one multi-turn workload on a host of two replicas."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import yaml
 
+from gemmaserve.ops import conversations
 from gemmaserve.sandbox import lifecycle, machine, rootfs, state
 
 Log = Callable[[str], None]
@@ -397,3 +400,82 @@ def _tiny_revision() -> str:
     serving = plan(spec_from_host_data({**sandbox_host_data(), **bucket_host_data(revision)})).require_ok()
     mirror(serving.weights, source, client=storage_client(), progress=lambda _: None)
     return revision
+
+
+# The routing comparison: the workload of the sandbox's routing test (tests/roles/sandbox/test_resilience.py), sized
+# for the tiny model's max_model_len of 1,024 tokens: a system prompt of several of the CPU backend's 128-token
+# KV blocks, 4 turns of 8-token answers.
+ROUTING_WORKLOAD = conversations.Workload(
+    conversations=12, turns=4, clients=6, system_prompt_words=520, max_tokens=8, timeout=120
+)
+# The default policy last, the way the routing test runs them.
+ROUTING_POLICIES = ("least-outstanding", "prefix-affinity")
+
+
+def routing_host_data(policy: str) -> dict:
+    """Host data for two replicas under `policy`; no per-key rate limit in the way (the workload is no client
+    to limit)."""
+    return {
+        "gemmaserve_accelerator": {"kind": "cpu", "count": 2},
+        "gemmaserve_serving": {"routing": policy, "api_keys": {"requests_per_minute": 100_000}},
+    }
+
+
+def _backends_up(target, replicas: int) -> bool:
+    import json
+
+    from roles._lib.programs import HAPROXY_ADMIN
+
+    result = target.run(f"python3 {HAPROXY_ADMIN} status vllm")
+    try:
+        rows = json.loads(result.stdout)
+    except ValueError:
+        return False
+    return len(rows) == replicas and set(rows.values()) == {"UP"}
+
+
+def measure_routing(
+    workload: conversations.Workload = ROUTING_WORKLOAD, log: Log = print
+) -> list[conversations.PolicyRun]:
+    """Both routing policies on one fresh host of two replicas, one after the other: deploy the policy (after
+    the first deploy only HAProxy reloads), wait until both replicas are UP behind it, then run the workload
+    with conversations no run has sent before."""
+    from gemmaserve.ops.fleet import FleetHost
+    from gemmaserve.sandbox import credentials
+    from gemmaserve.sandbox.demo import ensure_engine_and_model
+    from gemmaserve.sandbox.profile import sandbox_host_data
+
+    ensure_engine_and_model()
+    [index] = state.free_indices(1)
+    [host] = lifecycle.up_hosts([index], log=log)
+    runs = []
+    try:
+        for policy in ROUTING_POLICIES:
+            data = routing_host_data(policy)
+            seconds = _deploy_with(host, data, log)
+            fleet_host = FleetHost(host.name, {**host.ssh_data(), **sandbox_host_data(host.host_data), **data})
+            serving, target = fleet_host.plan, fleet_host.connect()
+            if serving.routing.policy != policy or len(serving.replicas) != 2:
+                raise RuntimeError(f"{host.name}: planned {serving.routing.policy}, {len(serving.replicas)} replicas")
+            log(f"{policy}: deployed in {seconds:.1f} s; waiting for both replicas behind HAProxy")
+            deadline = time.monotonic() + 120
+            while not _backends_up(target, len(serving.replicas)):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{host.name}: both replicas not UP in HAProxy 120 s after deploying {policy}")
+                time.sleep(1)
+            log(f"{policy}: {workload.describe()}")
+            run = conversations.measure(
+                credentials.endpoint(host),
+                serving.model.hf_id,
+                workload,
+                serving.replicas[0].capacity.block_size,
+                partial(conversations.read_counters, target, serving, host.name),
+                host=host.name,
+                policy=policy,
+            )
+            reuse = "-" if run.reuse_of_ideal is None else f"{run.reuse_of_ideal:.0%}"
+            log(f"{policy}: prefix reuse {reuse} of ideal, {run.completed} turns answered, {run.failed} failed")
+            runs.append(run)
+    finally:
+        lifecycle.down([host.name], log=log)
+    return runs

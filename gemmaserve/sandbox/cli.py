@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import typer
 
@@ -137,11 +138,19 @@ def bench(
     engines: bool = typer.Option(
         False, "--engines", help="Also compare the wheel and the container engine on fresh hosts."
     ),
+    routing: bool = typer.Option(
+        False,
+        "--routing",
+        help="Also run one multi-turn workload under each routing policy on a fresh host of two replicas: prefix "
+        "reuse, hit rate, TTFT p50/p99, request share per replica (a table, routing.json and routing.png in --out).",
+    ),
+    out: Path = typer.Option(Path("bench-results"), "--out", help="Where --routing writes routing.json and .png."),
 ) -> None:
     """Print sandbox figures: rootfs build and unpack, host up, boot to ssh, idle RSS, down
     (with --deploy: pyinfra deploy, no-op redeploy, first token after cold and warm restarts, eager and
     compiled; with --fleet N: N fresh hosts in one pyinfra run against 1, with the CPU floor; with
-    --engines: image build, deploy, no-op redeploy and restarts, wheel against container)."""
+    --engines: image build, deploy, no-op redeploy and restarts, wheel against container; with --routing:
+    both routing policies under one multi-turn workload)."""
     from gemmaserve.sandbox import bench as sandbox_bench
 
     try:
@@ -154,6 +163,11 @@ def bench(
             figures.update(sandbox_bench.measure_weights(log=_console_log()))
         if engines:
             figures.update(sandbox_bench.measure_engines(log=_console_log()))
+        runs = sandbox_bench.measure_routing(log=_console_log()) if routing else []
     except (RuntimeError, OSError) as error:
         _fail(error)
     sandbox_bench.print_figures(figures)
+    if runs:
+        from gemmaserve.ops.conversations import report
+
+        report(runs, out, stem="routing", log=typer.echo)
