@@ -24,6 +24,23 @@ FIXTURE_TIERS = {
 
 FIGURE = "[figure]"
 _figures: list[tuple[str, str]] = []
+# Seconds spent in each tier's tests (setup, call and teardown), and how many tests ran in it.
+TIERS = ("sandbox", "vllm", "network")
+_tier_seconds: dict[str, float] = {}
+_tier_tests: dict[str, set[str]] = {}
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The most expensive tier a test is marked with (docs/testing.md), or "fast" for `make check`'s."""
+    return next((tier for tier in TIERS if item.get_closest_marker(tier)), "fast")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    yield
+    tier = tier_of(item)
+    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + call.duration
+    _tier_tests.setdefault(tier, set()).add(item.nodeid)
 
 
 def unmarked_tiers(items: list[pytest.Item]) -> list[str]:
@@ -53,6 +70,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
+    if _tier_seconds:
+        terminalreporter.section("time per tier (setup + call + teardown of its tests)")
+        for tier in ("fast", *TIERS):
+            if tier in _tier_seconds:
+                seconds, count = _tier_seconds[tier], len(_tier_tests[tier])
+                terminalreporter.write_line(f"{tier:>8}: {seconds:7.1f} s ({seconds / 60:.1f} min), {count} tests")
     if not _figures:
         return
     terminalreporter.section("figures (measured, not asserted)")

@@ -262,8 +262,10 @@ class Load:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _sent: int = 0
 
-    def _attempt(self, endpoint: Any, streaming: bool) -> tuple[int, str]:
-        payload = {"model": self.model, "temperature": 0, "messages": [{"role": "user", "content": "ping"}]}
+    def _attempt(self, endpoint: Any, streaming: bool, number: int) -> tuple[int, str]:
+        # Each request its own conversation: under prefix-affinity routing (the default) identical requests
+        # would all hash to one replica, and a fault on the other would prove nothing.
+        payload = {"model": self.model, "temperature": 0, "messages": [{"role": "user", "content": f"ping {number}"}]}
         if streaming:
             payload.update(max_tokens=self.stream_tokens, stream=True, ignore_eos=True)
         else:
@@ -280,7 +282,7 @@ class Load:
         for position, which in enumerate(order):
             last, url = position == len(order) - 1, endpoints[which].base_url
             try:
-                status, body = self._attempt(endpoints[which], streaming)
+                status, body = self._attempt(endpoints[which], streaming, number)
             except EndpointError as error:
                 cause = error.__cause__
                 if isinstance(getattr(cause, "reason", cause), ConnectionRefusedError) and not last:

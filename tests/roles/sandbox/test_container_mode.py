@@ -4,10 +4,17 @@ served by podman from the locally built image (run by digest), through the same 
 The tests that hold for both engines are imported from test_deploy.py and test_resilience.py and run here
 again against this module's fixtures (pytest resolves a test's fixtures where it is collected); the
 tests below them are about containers only: the image, the runtime's confinement, bad input, the real
-podman CLI given GPU device requests, and the registry credential helper. Every resilience test of
-test_resilience.py runs here too but the unchanged-replica and scale-down ones (deploy decisions that do
-not depend on the engine) and the plain reboot (the reboot under load covers it: both replicas back UP and
-serving after the boot).
+podman CLI given GPU device requests, and the registry credential helper.
+
+Of test_resilience.py's tests, those whose path differs with the engine run here again: a SIGKILLed vLLM
+(a process inside the container: conmon and podman must end the unit so systemd restarts it), a plain stop
+under load (the engine's own stop path: podman's stop signal and timeout instead of systemd's KillSignal),
+and a reboot (the container starts again after /run, podman's runroot, is wiped; its state checked by
+test_reboot_brings_units_router_and_compile_cache_back, after an idle reboot here). These run once, on the
+wheel host only, because the engine does not enter them: the deploy's rolling restart (the replicas role's
+drain-restart-ready loop around `systemctl restart`, whose stop half is the plain stop above), the reboot
+under load (its order, HAProxy's graceful stop before any replica's, is the router-drain unit; each
+replica's stop under load is the plain stop above), the unchanged-replica and scale-down deploy decisions.
 """
 
 from __future__ import annotations
@@ -48,11 +55,12 @@ from tests.roles.sandbox.test_deploy import (  # noqa: F401 - fixtures and tests
 )
 from tests.roles.sandbox.test_resilience import (  # noqa: F401 - tests collected again here
     TOKEN,
+    Reboot,
     haproxy_status,
+    reboot_host,
     test_both_replicas_serve_behind_haproxy,
     test_plain_stop_under_load_finishes_every_accepted_request,
-    test_reboot_under_load_with_a_second_host_serving,
-    test_rolling_restart_keeps_serving_and_restarts_every_changed_replica,
+    test_reboot_brings_units_router_and_compile_cache_back,
     test_sigkilled_replica_loses_no_request_and_is_restarted,
     test_token_and_api_key_absent,
     test_token_and_api_key_absent_from_pyinfra_output,
@@ -108,6 +116,13 @@ def two_replicas(container_host, sandbox_host, tmp_path_factory):
     serving = plan(spec_from_host_data(sandbox_host_data(container_host.host_data))).require_ok()
     assert serving.engine.kind == "container" and len(serving.replicas) == 2
     return container_host, serving, result.output, tmp_path_factory.mktemp("overrides")
+
+
+@pytest.fixture(scope="module")
+def rebooted(two_replicas, sandbox_host) -> Reboot:
+    """An idle reboot of the container host, after the plain stop (see the module's docstring)."""
+    host, serving, _, _ = two_replicas
+    return reboot_host(host, serving, sandbox_host)
 
 
 @pytest.fixture(scope="module")

@@ -252,8 +252,13 @@ def test_haproxy_config_is_valid(deployed, sandbox_host):
     assert sandbox_host.run("haproxy -c -q -f /etc/haproxy/haproxy.cfg").rc == 0
 
 
-def test_haproxy_routes_least_connections(deployed, sandbox_host):
-    assert "balance leastconn" in sandbox_host.file("/etc/haproxy/haproxy.cfg").content_string
+def test_haproxy_routes_by_the_plans_policy(deployed, sandbox_host, sandbox_plan):
+    config = sandbox_host.file("/etc/haproxy/haproxy.cfg").content_string
+    routing = sandbox_plan.routing
+    assert routing.prefix_affinity, "the sandbox profile serves the default policy"
+    assert "balance hash var(txn.route_key)" in config and "hash-type consistent" in config
+    assert f"hash-balance-factor {routing.load_bound_percent}" in config
+    assert f"maxconn {routing.replica_max_requests} weight 100" in config
 
 
 def test_replica_env_file_matches_the_plan(deployed, sandbox_host, sandbox_plan):

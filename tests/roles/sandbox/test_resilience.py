@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+import shlex
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -54,7 +57,12 @@ def two_replicas(sandbox_hosts, sandbox_host, tmp_path_factory):
     result = deploy(host.name, data, tmp_path)
     assert result.returncode == 0, result.output[-4000:]
     serving = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
+    DEPLOYED[host.name] = data
     return host, serving, result.output, tmp_path
+
+
+# The host data each host of this module was last deployed with (the rolling restart changes it).
+DEPLOYED: dict[str, dict] = {}
 
 
 def unit_started(sandbox_host, index: int) -> str:
@@ -68,6 +76,148 @@ def haproxy_status(sandbox_host) -> dict[str, str]:
 def test_both_replicas_serve_behind_haproxy(two_replicas, sandbox_host):
     wait_until(lambda: set(haproxy_status(sandbox_host).values()) == {"UP"}, 60, "both HAProxy backends UP")
     assert sorted(haproxy_status(sandbox_host)) == ["replica0", "replica1"]
+
+
+# --- routing ------------------------------------------------------------------------------------
+
+# Multi-turn conversations whose history grows by one of the CPU backend's 128-token KV blocks or more a turn
+# (a coding agent's tool output, a chat's pasted text), sent by ROUTING_THREADS clients at once; each turn
+# waits for the previous answer, as a chat does.
+ROUTING_CONVERSATIONS, ROUTING_TURNS, ROUTING_THREADS = 12, 4, 6
+TOPICS = "tides glaciers volcanoes deserts rivers forests reefs canyons prairies tundra caves islands".split()
+
+
+def facts(name: str, turn: int, count: int) -> str:
+    return " ".join(
+        f"Fact {turn}.{i} about {name}: it is worth a careful, patient and complete answer." for i in range(count)
+    )
+
+
+def run_conversation(endpoint, model: str, name: str) -> None:
+    """Every turn of one conversation, each sent after the previous answer."""
+    messages = [{"role": "system", "content": f"You are the assistant of conversation {name}. {facts(name, 0, 2)}"}]
+    for turn in range(1, ROUTING_TURNS + 1):
+        messages.append({"role": "user", "content": f"Turn {turn}: {facts(name, turn, 3)} Tell me more."})
+        payload = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0}
+        status, body = endpoint.request("/v1/chat/completions", payload, 120)
+        assert status == 200, body[:300]
+        messages.append({"role": "assistant", "content": json.loads(body)["choices"][0]["message"]["content"] or ""})
+
+
+def haproxy_admin_call(sandbox_host, call: str) -> str:
+    """A call into the host's haproxy_admin module (the program the router role installs)."""
+    script = f"import json, sys; sys.path.insert(0, '/opt/gemmaserve/lib'); import haproxy_admin; print({call})"
+    result = sandbox_host.run(f"python3 -c {shlex.quote(script)}")
+    assert result.rc == 0, result.stderr
+    return result.stdout
+
+
+def replica_counters(sandbox_host, serving) -> list[dict[str, float]]:
+    """Each replica's prefix-cache counters (tokens) from its own /metrics, and HAProxy's sessions for it."""
+    from gemmaserve.ops.status import metric_sums
+
+    rows = json.loads(
+        haproxy_admin_call(
+            sandbox_host, "json.dumps({r['svname']: r for r in haproxy_admin.stat_rows() if r['pxname'] == 'vllm'})"
+        )
+    )
+    counters = []
+    for replica in serving.replicas:
+        sums = metric_sums(sandbox_host.run(f"curl -fsS -m 10 http://127.0.0.1:{replica.port}/metrics").stdout)
+        row = rows[f"replica{replica.index}"]
+        counters.append(
+            {
+                "hits": sums.get("vllm:prefix_cache_hits_total", 0.0),
+                "queries": sums.get("vllm:prefix_cache_queries_total", 0.0),
+                "requests": float(row["stot"] or 0),
+                "peak": float(row["smax"] or 0),
+            }
+        )
+    return counters
+
+
+@dataclass
+class RoutingRun:
+    name: str
+    hits: float
+    queries: float
+    requests: list[float]
+    peaks: list[float]
+    seconds: float
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries
+
+
+def routing_run(
+    host, sandbox_host, tmp_path, name: str, policy: str, out_of_service: tuple[str, ...] = ()
+) -> RoutingRun:
+    """Deploy `policy` (a balancer change: HAProxy reloads, no replica restarts), take `out_of_service` replicas
+    out of HAProxy's rotation, run the conversations (new ones: no cache of an earlier run helps), put them back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = {**DEPLOYED[host.name]}
+    data["gemmaserve_serving"] = {**data["gemmaserve_serving"], "routing": policy}
+    result = deploy(host.name, data, tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    serving = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
+    assert serving.routing.policy == policy
+    wait_until(lambda: all_up(sandbox_host), 120, "both replicas UP")
+    for server in out_of_service:
+        haproxy_admin_call(sandbox_host, f"haproxy_admin.command('disable server vllm/{server}')")
+    # HAProxy's peak sessions per server (smax) and its totals start from zero for this run.
+    haproxy_admin_call(sandbox_host, "haproxy_admin.command('clear counters all')")
+    before = replica_counters(sandbox_host, serving)
+    endpoint = sandbox_endpoint(host)
+    names = [f"{name}-{TOPICS[i % len(TOPICS)]}-{i}" for i in range(ROUTING_CONVERSATIONS)]
+    started = time.monotonic()
+    try:
+        with ThreadPoolExecutor(ROUTING_THREADS) as pool:
+            list(pool.map(lambda conversation: run_conversation(endpoint, serving.model.hf_id, conversation), names))
+    finally:
+        for server in out_of_service:
+            haproxy_admin_call(sandbox_host, f"haproxy_admin.command('enable server vllm/{server}')")
+    seconds = time.monotonic() - started
+    after = replica_counters(sandbox_host, serving)
+    return RoutingRun(
+        name,
+        hits=sum(a["hits"] - b["hits"] for a, b in zip(after, before, strict=True)),
+        queries=sum(a["queries"] - b["queries"] for a, b in zip(after, before, strict=True)),
+        requests=[a["requests"] for a in after],
+        peaks=[a["peak"] for a in after],
+        seconds=seconds,
+    )
+
+
+def test_prefix_affinity_reuses_each_conversations_prefix_within_the_load_bound(two_replicas, sandbox_host):
+    """Both policies in one run, on the same two replicas and the same kind of traffic (new conversations each).
+    The ideal reuse, every turn reusing its conversation's previous prompt, is what vLLM itself reports when one
+    replica serves every turn (the other out of rotation): prefix-affinity reaches at least 90 % of that hit rate
+    with both replicas serving, and no replica ever held more requests at once than HAProxy's bound lets it
+    (hash-balance-factor: a replica takes one more only while it holds fewer than factor x (in flight + 1) /
+    replicas, rounded up). least-outstanding is measured beside it."""
+    host, serving, _, tmp_path = two_replicas
+    runs = [
+        routing_run(host, sandbox_host, tmp_path, "one-replica", "prefix-affinity", ("replica1",)),
+        routing_run(host, sandbox_host, tmp_path, "least-outstanding", "least-outstanding"),
+        # Last: the host is left on the module's deployed policy (the default) for the tests after this one.
+        routing_run(host, sandbox_host, tmp_path, "prefix-affinity", "prefix-affinity"),
+    ]
+    ideal = runs[0]
+    for run in runs:
+        share = "/".join(f"{r / sum(run.requests):.2f}" for r in run.requests)
+        print(
+            f"\n[figure] routing {run.name} (2 replicas, {ROUTING_CONVERSATIONS} conversations x {ROUTING_TURNS} "
+            f"turns, {ROUTING_THREADS} clients): prefix-cache hit rate {run.hit_rate:.1%} "
+            f"({run.hit_rate / ideal.hit_rate:.0%} of one replica's), request share {share}, peak in flight "
+            f"{'/'.join(f'{p:.0f}' for p in run.peaks)}, {run.seconds:.1f} s"
+        )
+    affine = runs[2]
+    assert ideal.hits > 0 and affine.hit_rate >= 0.9 * ideal.hit_rate, (affine, ideal)
+    bound = math.ceil(serving.routing.load_bound_percent / 100 * (ROUTING_THREADS + 1) / len(serving.replicas))
+    assert max(affine.peaks) <= bound, (affine.peaks, bound)
+    assert all(requests > 0 for requests in affine.requests), "one replica took every conversation"
 
 
 # --- secret hygiene -----------------------------------------------------------------------------
@@ -147,6 +297,17 @@ def test_sigkilled_replica_loses_no_request_and_is_restarted(two_replicas, sandb
     wait_until(lambda: set(haproxy_status(sandbox_host).values()) == {"UP"}, 240, "vllm@0 back UP in HAProxy")
 
 
+def test_unchanged_replica_is_never_restarted(two_replicas, sandbox_host):
+    host, _, _, tmp_path = two_replicas
+    started = [unit_started(sandbox_host, i) for i in (0, 1)]
+    # Drift on replica 1 only: the deploy puts its env file back and restarts it, and only it.
+    sandbox_host.run("sed -i 's/^DO_NOT_TRACK=1$/DO_NOT_TRACK=0/' /etc/gemmaserve/replica-1.env")
+    result = deploy(host.name, two_replica_data(tmp_path), tmp_path)
+    assert result.returncode == 0, result.output[-3000:]
+    assert unit_started(sandbox_host, 0) == started[0]
+    assert unit_started(sandbox_host, 1) != started[1]
+
+
 def test_rolling_restart_keeps_serving_and_restarts_every_changed_replica(two_replicas, sandbox_host):
     host, serving, _, tmp_path = two_replicas
     started = [unit_started(sandbox_host, i) for i in (0, 1)]
@@ -160,20 +321,13 @@ def test_rolling_restart_keeps_serving_and_restarts_every_changed_replica(two_re
         assert load.failures == []
         assert all(a != b for a, b in zip(started, [unit_started(sandbox_host, i) for i in (0, 1)], strict=True))
         assert "--max-num-seqs 32" in sandbox_host.file("/etc/gemmaserve/replica-1.env").content_string
-    finally:
-        # Back to the module's config even when an assertion failed, or every later test starts from this one.
+    except BaseException:
+        # Back to the module's config when the rolling restart failed, or every later test starts from a
+        # half-applied one. After a passing one the host keeps the changed config (two replicas, serving): the
+        # later tests need nothing else, and a second rolling restart back would double this test's cost.
         deploy(host.name, two_replica_data(tmp_path), tmp_path)
-
-
-def test_unchanged_replica_is_never_restarted(two_replicas, sandbox_host):
-    host, _, _, tmp_path = two_replicas
-    started = [unit_started(sandbox_host, i) for i in (0, 1)]
-    # Drift on replica 1 only: the deploy puts its env file back and restarts it, and only it.
-    sandbox_host.run("sed -i 's/^DO_NOT_TRACK=1$/DO_NOT_TRACK=0/' /etc/gemmaserve/replica-1.env")
-    result = deploy(host.name, two_replica_data(tmp_path), tmp_path)
-    assert result.returncode == 0, result.output[-3000:]
-    assert unit_started(sandbox_host, 0) == started[0]
-    assert unit_started(sandbox_host, 1) != started[1]
+        raise
+    DEPLOYED[host.name] = changed
 
 
 # --- graceful stops -----------------------------------------------------------------------------
@@ -260,12 +414,56 @@ def stop_times(sandbox_host) -> dict[tuple[str, str], float]:
     return times
 
 
-def test_reboot_under_load_with_a_second_host_serving(two_replicas, sandbox_host, serving_peer):
-    """A host with two replicas reboots while a second host serves: clients spread over both hosts (as a
-    load balancer would, sending what a host refuses to the other). Every request the rebooting host
-    accepted finishes, streams included: HAProxy stops first and gracefully, then the replicas."""
-    host, serving, _, _ = two_replicas
+# --- reboot -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Reboot:
+    """What a reboot left to check: the load that ran through it (None without one), how long shutdown and
+    boot took, when it began, PID 1's start before it, and the marker file put in the compile cache before it."""
+
+    load: Load | None
+    down_s: float
+    began: float
+    pid1_before: str
+    marker: str
+
+
+def reboot_host(host, serving, sandbox_host, load: Load | None = None) -> Reboot:
+    """Reboot `host` (with `load` running through it, if given) once both replicas are UP, after putting a
+    marker in replica 0's compile cache on /dev/shm; returns when both replicas are UP again."""
     wait_until(lambda: all_up(sandbox_host), 240, "both replicas UP")
+    marker = f"/dev/shm/gemmaserve/{serving.replicas[0].cache_key}/vllm/gemmaserve-reboot-marker"
+    assert sandbox_host.run(f"echo survived > {marker}").rc == 0
+    pid1_before = sandbox_host.run("stat -c %Z /proc/1").stdout.strip()
+    if load:
+        wait_until(lambda: load.ok >= 6, 120, "the load to start")
+        wait_until(lambda: backend_busy(sandbox_host) >= 1, 60, "requests running on the rebooting host")
+    began = time.monotonic()
+    # Later tests hold this same Host record: keep its PID current. A graceful shutdown under load takes
+    # HAProxy's soft stop, then each replica's drain in HAProxy and vLLM's own drain (three stages, each at
+    # most the shutdown timeout), not the 30 s an idle host needs; booting ends once both replicas, loading
+    # one after the other under load, are ready.
+    host.pid = lifecycle.reboot(host.name, timeout=3 * SHUTDOWN_TIMEOUT + 60, boot_timeout=480).pid
+    down_s = time.monotonic() - began
+    # The old ssh session died with the host: drop testinfra's cached paramiko client to reconnect.
+    sandbox_host.backend.__dict__.pop("client", None)
+    wait_until(lambda: all_up(sandbox_host), 300, "both replicas UP after the reboot")
+    if load:
+        served = load.ok
+        wait_until(lambda: load.ok >= served + 6 or bool(load.failures), 180, "requests after the reboot")
+    return Reboot(load, down_s, began, pid1_before, marker)
+
+
+@pytest.fixture(scope="module")
+def rebooted(two_replicas, sandbox_host, serving_peer) -> Reboot:
+    """One reboot of the host under load while a second host serves (clients spread over both hosts, as a
+    load balancer would, sending what a host refuses to the other); both reboot tests read it. A second,
+    idle reboot would only repeat the boot half of this one."""
+    host = two_replicas[0]
+    # The plan the host runs now (the rolling restart changed it): its compile-cache keys are what the
+    # shutdown saves.
+    serving = plan(spec_from_host_data({**sandbox_host_data(), **DEPLOYED[host.name]})).require_ok()
     load = Load(
         [sandbox_endpoint(h) for h in (host, serving_peer)],
         serving.model.hf_id,
@@ -276,20 +474,15 @@ def test_reboot_under_load_with_a_second_host_serving(two_replicas, sandbox_host
         stream_tokens=STREAM_TOKENS,
     )
     with load:
-        wait_until(lambda: load.ok >= 6, 120, "the load to start")
-        wait_until(lambda: backend_busy(sandbox_host) >= 1, 60, "requests running on the rebooting host")
-        began = time.monotonic()
-        # Later tests hold this same Host record: keep its PID current. A graceful shutdown under load takes
-        # HAProxy's soft stop, then each replica's drain in HAProxy and vLLM's own drain (three stages, each at
-        # most the shutdown timeout), not the 30 s an idle host needs; booting ends once both replicas, loading
-        # one after the other under load, are ready.
-        host.pid = lifecycle.reboot(host.name, timeout=3 * SHUTDOWN_TIMEOUT + 60, boot_timeout=480).pid
-        down_s = time.monotonic() - began
-        sandbox_host.backend.__dict__.pop("client", None)
-        wait_until(lambda: all_up(sandbox_host), 300, "both replicas UP after the reboot")
-        served = load.ok
-        wait_until(lambda: load.ok >= served + 6 or bool(load.failures), 180, "requests after the reboot")
-    in_flight = load.in_flight_at(began, 0)
+        return reboot_host(host, serving, sandbox_host, load)
+
+
+def test_reboot_under_load_with_a_second_host_serving(two_replicas, sandbox_host, rebooted):
+    """Every request the rebooting host accepted finishes, streams included: HAProxy stops first and
+    gracefully, then the replicas."""
+    _, serving, _, _ = two_replicas
+    load = rebooted.load
+    in_flight = load.in_flight_at(rebooted.began, 0)
     stops = stop_times(sandbox_host)
     drain = "gemmaserve-router-drain.service"
     needed = [("Stopping", drain), ("Stopped", drain)]
@@ -298,8 +491,8 @@ def test_reboot_under_load_with_a_second_host_serving(two_replicas, sandbox_host
     drained = stops.get(("Stopped", drain), float("nan"))
     print(
         f"\n[figure] reboot under load ({serving.engine.kind}, a second host serving): shutdown and boot "
-        f"{down_s:.1f} s, {in_flight} requests in flight at the reboot finished, {load.rerouted} sent to the "
-        f"other host, {load.ok} ok, {len(load.failures)} failed; HAProxy's graceful stop "
+        f"{rebooted.down_s:.1f} s, {in_flight} requests in flight at the reboot finished, {load.rerouted} sent to "
+        f"the other host, {load.ok} ok, {len(load.failures)} failed; HAProxy's graceful stop "
         f"{drained - stops.get(('Stopping', drain), float('nan')):.1f} s, then the replicas "
         f"{max(stops.get(('Stopped', r.unit), float('nan')) for r in serving.replicas) - drained:.1f} s"
     )
@@ -312,22 +505,10 @@ def test_reboot_under_load_with_a_second_host_serving(two_replicas, sandbox_host
     assert all(stopping >= drained for stopping in replicas), f"replicas stopped beside HAProxy: {stops}"
 
 
-# --- reboot -------------------------------------------------------------------------------------
-
-
-def test_reboot_brings_units_router_and_compile_cache_back(two_replicas, sandbox_host):
+def test_reboot_brings_units_router_and_compile_cache_back(two_replicas, sandbox_host, rebooted):
     host, serving, _, _ = two_replicas
-    key = serving.replicas[0].cache_key
-    marker = f"/dev/shm/gemmaserve/{key}/vllm/gemmaserve-reboot-marker"
-    assert sandbox_host.run(f"echo survived > {marker}").rc == 0
-    pid1_before = sandbox_host.run("stat -c %Z /proc/1").stdout.strip()
-    # Later tests hold this same Host record: keep its PID current.
-    host.pid = lifecycle.reboot(host.name).pid
-    # The old ssh session died with the host: drop testinfra's cached paramiko client to reconnect.
-    sandbox_host.backend.__dict__.pop("client", None)
     # A new PID 1 (the kernel's /proc/uptime is shared with the outer machine, so it cannot tell).
-    assert int(sandbox_host.run("stat -c %Z /proc/1").stdout.strip()) > int(pid1_before)
-    wait_until(lambda: set(haproxy_status(sandbox_host).values()) == {"UP"}, 300, "both replicas UP after reboot")
+    assert int(sandbox_host.run("stat -c %Z /proc/1").stdout.strip()) > int(rebooted.pid1_before)
     for unit in ("vllm@0", "vllm@1", "haproxy", "gemmaserve-cache-restore"):
         assert (
             sandbox_host.service(unit).is_running
@@ -335,7 +516,7 @@ def test_reboot_brings_units_router_and_compile_cache_back(two_replicas, sandbox
         )
     # /dev/shm is new after a reboot: the marker is there only because it was saved at shutdown and
     # restored before the replicas started.
-    assert sandbox_host.file(marker).content_string.strip() == "survived"
+    assert sandbox_host.file(rebooted.marker).content_string.strip() == "survived"
     with Load(sandbox_endpoint(host), serving.model.hf_id, limit=5, seconds=240) as load:
         pass
     assert load.ok >= 1 and load.failures == []
@@ -343,7 +524,7 @@ def test_reboot_brings_units_router_and_compile_cache_back(two_replicas, sandbox
 
 def test_scale_down_stops_and_removes_the_extra_replica(two_replicas, sandbox_host):
     host, _, _, tmp_path = two_replicas
-    one = {**two_replica_data(tmp_path), "gemmaserve_accelerator": {"kind": "cpu", "count": 1}}
+    one = {**DEPLOYED[host.name], "gemmaserve_accelerator": {"kind": "cpu", "count": 1}}
     result = deploy(host.name, one, tmp_path)
     assert result.returncode == 0, result.output[-3000:]
     assert sandbox_host.run("systemctl is-active vllm@1").stdout.strip() != "active"
