@@ -80,6 +80,57 @@ def version_tuple(version: str) -> tuple[int, int, int]:
     return int(major), int(minor), int(patch)
 
 
+# Address space no internet host sends from (IANA special-purpose registries, RFC 6890): opening these
+# opens nothing to the internet. IPv6's internet is global unicast, 2000::/3.
+_NOT_INTERNET_V4 = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.0.2.0/24",
+        "192.168.0.0/16",
+        "198.18.0.0/15",
+        "198.51.100.0/24",
+        "203.0.113.0/24",
+        "224.0.0.0/3",
+    )
+)
+_INTERNET_V6 = ipaddress.ip_network("2000::/3")
+
+
+def internet_share(cidrs: list[str] | tuple[str, ...]) -> float:
+    """The share of the internet's addresses (IPv4 or IPv6, whichever is larger) the union of `cidrs` covers.
+
+    Judged on the address space, not the text: 0.0.0.0/1 + 128.0.0.0/1 is 1.0, as 0.0.0.0/0 is.
+    """
+    nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
+    v4 = list(ipaddress.collapse_addresses(n for n in nets if n.version == 4))
+    public_v4 = 2**32 - sum(n.num_addresses for n in ipaddress.collapse_addresses(_NOT_INTERNET_V4))
+    covered_v4 = sum(n.num_addresses for n in ipaddress.collapse_addresses([*v4, *_NOT_INTERNET_V4])) - sum(
+        n.num_addresses for n in ipaddress.collapse_addresses(_NOT_INTERNET_V4)
+    )
+    covered_v6 = 0
+    for net in ipaddress.collapse_addresses(n for n in nets if n.version == 6):
+        if _INTERNET_V6.subnet_of(net):
+            covered_v6 += _INTERNET_V6.num_addresses
+        elif net.subnet_of(_INTERNET_V6):
+            covered_v6 += net.num_addresses
+    return max(covered_v4 / public_v4, covered_v6 / _INTERNET_V6.num_addresses)
+
+
+# More than 1/256 of the internet (a /8's worth of IPv4) is nobody's office, VPN or partner: the internet.
+INTERNET_SHARE = 1 / 256
+
+
+def opens_the_internet(cidrs: list[str] | tuple[str, ...]) -> bool:
+    return internet_share(cidrs) > INTERNET_SHARE
+
+
 class SpecError(Exception):
     """Bad input: every problem names the field, the value given and what is allowed."""
 

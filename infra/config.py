@@ -21,7 +21,15 @@ from gemmaserve.sources import (
     stack_prefix,
     stack_scoped_secrets,
 )
-from gemmaserve.spec import Spec, SpecError, Strict, parse_duration, validate_model
+from gemmaserve.spec import (
+    Spec,
+    SpecError,
+    Strict,
+    internet_share,
+    opens_the_internet,
+    parse_duration,
+    validate_model,
+)
 
 # Google's documented ranges: IAP TCP forwarding (SSH without public IPs) and the load balancer
 # health-check probers (cloud.google.com/load-balancing/docs/health-check-concepts).
@@ -256,13 +264,14 @@ class Cloud(Strict):
                         "allowed: a name, or projects/P/locations/ZONE/reservations/NAME with ZONE in cloud.zones",
                     )
                 )
-        world = [c for c in self.serving_port_cidrs if ipaddress.ip_network(c).prefixlen == 0]
-        if world and not self.allow_public_serving:
+        # Judged by the address space the ranges add up to (0.0.0.0/1 + 128.0.0.0/1 is the internet).
+        if opens_the_internet(self.serving_port_cidrs) and not self.allow_public_serving:
             problems.append(
                 (
                     "serving_port_cidrs",
                     list(self.serving_port_cidrs),
-                    f"{', '.join(world)} opens the serving port to the internet; allowed: narrower ranges,"
+                    f"{', '.join(self.serving_port_cidrs)} opens the serving port to the internet"
+                    f" ({internet_share(self.serving_port_cidrs):.0%} of its addresses); allowed: narrower ranges,"
                     " or set allow_public_serving: true",
                 )
             )

@@ -6,7 +6,6 @@ so tests call the check_* functions and the policies' validate callbacks directl
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -20,6 +19,8 @@ from pulumi_policy import (
     StackValidationArgs,
     StackValidationPolicy,
 )
+
+from gemmaserve.spec import INTERNET_SHARE, internet_share
 
 INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
@@ -39,7 +40,6 @@ LABELED_TYPES = (
     "gcp:storage/bucket:Bucket",
 )
 DEFAULT_REQUIRED_LABELS = ("app", "managed-by", "stack")
-DEFAULT_SERVING_PORTS = (8080,)
 # A Hugging Face user access token, and output keys that must never carry a plaintext secret.
 HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")
 SECRET_KEYS = re.compile(r"(token|secret_data|secretdata|password|api_key|apikey)$", re.IGNORECASE)
@@ -62,10 +62,12 @@ def check_external_ip(resource_type: str, props: Mapping[str, Any], allow: bool 
     return []
 
 
+# Protocol names and their IANA numbers as the Compute API takes them (tcp or "6", ...): the same rule.
+PROTOCOL_NUMBERS = {"tcp": "6", "udp": "17", "icmp": "1", "esp": "50", "ah": "51", "sctp": "132", "ipip": "94"}
+
+
 def _ports(allow: Mapping[str, Any]) -> list[tuple[int, int]] | None:
-    """Port ranges a firewall allow entry opens; None means every port."""
-    if allow.get("protocol") not in ("tcp", "all"):
-        return []
+    """Port ranges a firewall allow entry opens; None means every port (no ports, or a protocol without them)."""
     ports = allow.get("ports") or []
     if not ports:
         return None
@@ -76,24 +78,47 @@ def _ports(allow: Mapping[str, Any]) -> list[tuple[int, int]] | None:
     return spans
 
 
+def _protocol(allow: Mapping[str, Any]) -> str:
+    name = str(allow.get("protocol") or "").lower()
+    return {number: name for name, number in PROTOCOL_NUMBERS.items()}.get(name, name)
+
+
+def ingress_sources(props: Mapping[str, Any]) -> list[str]:
+    """The ranges an ingress rule admits: with no source at all, the API applies it to 0.0.0.0/0
+    (https://cloud.google.com/firewall/docs/firewalls#sources_for_rules)."""
+    ranges = list(props.get("sourceRanges") or [])
+    if not ranges and not props.get("sourceTags") and not props.get("sourceServiceAccounts"):
+        return ["0.0.0.0/0"]
+    return ranges
+
+
 def check_world_serving_port(
-    resource_type: str, props: Mapping[str, Any], serving_ports: Iterable[int] = DEFAULT_SERVING_PORTS
+    resource_type: str, props: Mapping[str, Any], public_ports: Iterable[int] = ()
 ) -> list[str]:
-    """No ingress from 0.0.0.0/0 (or ::/0) to a serving port, or to all ports."""
+    """No ingress rule opens a port to the internet, judged by the address space its sources add up to
+    (0.0.0.0/1 + 128.0.0.0/1 is the internet), for every protocol, spelled by name or number; only ports
+    named in publicPorts may be."""
     if resource_type != FIREWALL or props.get("direction", "INGRESS") != "INGRESS":
         return []
-    world = [r for r in props.get("sourceRanges") or [] if ipaddress.ip_network(r, strict=False).prefixlen == 0]
-    if not world:
+    sources = ingress_sources(props)
+    share = internet_share(sources)
+    if share <= INTERNET_SHARE:
         return []
+    world = f"{', '.join(sources)} ({share:.0%} of the internet's addresses)"
+    allowed = set(public_ports)
     problems = []
     for allow in props.get("allows") or []:
-        spans = _ports(allow)
+        protocol, spans = _protocol(allow), _ports(allow)
         if spans is None:
-            problems.append(f"allows every {allow.get('protocol')} port from {', '.join(world)}")
+            problems.append(f"allows every {protocol} port from {world}")
             continue
-        hit = [p for p in serving_ports if any(low <= p <= high for low, high in spans)]
-        if hit:
-            problems.append(f"opens serving port {', '.join(map(str, hit))} to {', '.join(world)}")
+        opened = [
+            f"{low}" if low == high else f"{low}-{high}" for low, high in spans if not (low == high and low in allowed)
+        ]
+        if opened:
+            problems.append(
+                f"opens {protocol} port {', '.join(opened)} to {world}; allowed: publicPorts in the policy config"
+            )
     return problems
 
 
@@ -204,7 +229,7 @@ def validate_external_ip(args: ResourceValidationArgs, report: ReportViolation) 
 
 
 def validate_world_serving_port(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    ports = args.get_config().get("servingPorts", list(DEFAULT_SERVING_PORTS))
+    ports = args.get_config().get("publicPorts", [])
     _report(check_world_serving_port(args.resource_type, args.props, ports), report)
 
 
@@ -260,13 +285,10 @@ POLICIES = [
     ),
     _mandatory(
         "no-world-serving-port",
-        "No firewall opens the serving port (or all ports) to 0.0.0.0/0.",
+        "No ingress rule opens a port to the internet (judged by the address space its sources cover) "
+        "unless the port is listed in publicPorts.",
         validate_world_serving_port,
-        PolicyConfigSchema(
-            properties={
-                "servingPorts": {"type": "array", "items": {"type": "integer"}, "default": list(DEFAULT_SERVING_PORTS)}
-            }
-        ),
+        PolicyConfigSchema(properties={"publicPorts": {"type": "array", "items": {"type": "integer"}, "default": []}}),
     ),
     _mandatory(
         "flex-start-max-run-duration",

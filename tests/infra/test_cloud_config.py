@@ -54,6 +54,16 @@ def test_bad_values_are_named(changes, expected):
     assert expected in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "cidrs",
+    [["0.0.0.0/1", "128.0.0.0/1"], ["0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/1"], ["8.0.0.0/5"], ["2000::/3"], ["::/1"]],
+)
+def test_ranges_that_add_up_to_the_internet_need_the_opt_in_too(cidrs):
+    with pytest.raises(SpecError, match="opens the serving port to the internet"):
+        parse_cloud({**OK, "serving_port_cidrs": cidrs})
+    assert parse_cloud({**OK, "serving_port_cidrs": cidrs, "allow_public_serving": True})
+
+
 def test_public_serving_needs_explicit_opt_in():
     assert parse_cloud({**OK, "serving_port_cidrs": ["0.0.0.0/0"], "allow_public_serving": True})
 

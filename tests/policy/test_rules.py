@@ -92,10 +92,42 @@ def test_world_serving_port(props):
     assert validate(rules.validate_world_serving_port, FIREWALL, props)
 
 
-def test_world_serving_port_uses_configured_ports():
-    props = firewall(["0.0.0.0/0"], ports=("9000",))
-    assert not validate(rules.validate_world_serving_port, FIREWALL, props)
-    assert validate(rules.validate_world_serving_port, FIREWALL, props, config={"servingPorts": [9000]})
+@pytest.mark.parametrize(
+    "props",
+    [
+        firewall(["0.0.0.0/1", "128.0.0.0/1"]),  # the internet, in two halves
+        firewall(["0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/1"]),
+        firewall(["8.0.0.0/5"]),  # 134 million public addresses
+        firewall(["2000::/3"]),  # every global IPv6 unicast address
+        {"direction": "INGRESS", "allows": [{"protocol": "tcp", "ports": ["8080"]}]},  # no source: 0.0.0.0/0
+        {"allows": [{"protocol": "tcp", "ports": ["8080"]}]},  # direction defaults to INGRESS too
+        firewall(["0.0.0.0/0"], protocol="6"),  # tcp by its IANA number
+        firewall(["0.0.0.0/0"], protocol="TCP"),
+        firewall(["0.0.0.0/0"], ports=("9000",)),  # a serving port other than the default
+        firewall(["0.0.0.0/0"], ports=("443",)),
+        firewall(["0.0.0.0/0"], ports=("22",)),
+        firewall(["0.0.0.0/0"], ports=("8000",), protocol="udp"),
+    ],
+)
+def test_every_way_of_opening_a_port_to_the_internet(props):
+    assert validate(rules.validate_world_serving_port, FIREWALL, props)
+
+
+def test_a_port_opened_to_the_internet_on_purpose_is_named_in_the_config():
+    props = firewall(["0.0.0.0/1", "128.0.0.0/1"], ports=("443",))
+    assert validate(rules.validate_world_serving_port, FIREWALL, props)
+    assert not validate(rules.validate_world_serving_port, FIREWALL, props, config={"publicPorts": [443]})
+    assert validate(
+        rules.validate_world_serving_port, FIREWALL, firewall(["0.0.0.0/0"], ports=None), config={"publicPorts": [443]}
+    )
+
+
+def test_tagged_or_narrow_sources_are_not_the_internet():
+    tagged = {"direction": "INGRESS", "sourceTags": ["lb"], "allows": [{"protocol": "tcp", "ports": ["8080"]}]}
+    assert not validate(rules.validate_world_serving_port, FIREWALL, tagged)
+    assert not validate(rules.validate_world_serving_port, FIREWALL, firewall(["10.0.0.0/8", "203.0.113.0/24"]))
+    egress = {**firewall(["0.0.0.0/0"]), "direction": "EGRESS"}
+    assert not validate(rules.validate_world_serving_port, FIREWALL, egress)
 
 
 @pytest.mark.parametrize(
@@ -189,7 +221,6 @@ def test_multi_host_stack_passes_the_plaintext_endpoint_rule():
 def test_quiet_on_good_examples():
     assert not validate(rules.validate_external_ip, INSTANCE, instance())
     assert not validate(rules.validate_world_serving_port, FIREWALL, firewall(["35.235.240.0/20"], ports=("22",)))
-    assert not validate(rules.validate_world_serving_port, FIREWALL, firewall(["0.0.0.0/0"], ports=("22",)))
     assert not validate(
         rules.validate_flex_start_duration, DYNAMIC, queued(provisioning="flex-start", max_run_seconds=3600)
     )
