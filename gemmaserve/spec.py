@@ -376,6 +376,10 @@ class Serving(Strict):
     shutdown_timeout: int = Field(
         120, ge=0, le=3600, description="Seconds in-flight requests may take to finish when a replica stops."
     )
+    # How long one response (a long generation, a stream) may run end to end: HAProxy's client/server
+    # timeout (roles/router, router_stream_timeout "1h") and the load balancer's backend-service timeout
+    # (infra/load_balancer.py) in front of it, so neither cuts a stream the other still serves.
+    stream_timeout: int = Field(3600, ge=30, le=86400, description="Seconds one response may stream end to end.")
     # How HAProxy picks a replica (docs/routing.md): prefix-affinity keeps a conversation on the replica
     # whose prefix cache holds it, with bounded load and admission at the planned concurrency;
     # least-outstanding sends each request to the replica with the fewest in flight (HAProxy leastconn).

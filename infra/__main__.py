@@ -213,6 +213,7 @@ if lb_region:
             subnetwork=network.subnets[settings.region].id,
             instances_by_zone=by_zone,
             port=port,
+            timeout_seconds=spec.serving.stream_timeout,
             ca_cert_pem=access.ca_cert_pem,
             ca_private_key_pem=access.ca_key.private_key_pem,
             depends_on=[network.proxy_subnet],

@@ -20,6 +20,8 @@ class ServingLoadBalancerArgs:
     # Instance self-links by zone: one unmanaged instance group per zone.
     instances_by_zone: dict[str, list[pulumi.Input[str]]]
     port: int
+    # spec.serving.stream_timeout: as long as HAProxy lets a response run (its timeout client/server).
+    timeout_seconds: int
     # The stack's CA (infra/access.py), which signs the certificate the balancer serves.
     ca_cert_pem: pulumi.Input[str]
     ca_private_key_pem: pulumi.Input[str]
@@ -71,8 +73,10 @@ class ServingLoadBalancer(pulumi.ComponentResource):
             load_balancing_scheme="INTERNAL_MANAGED",
             # Generation lengths vary by orders of magnitude: send each request to the least busy host.
             locality_lb_policy="LEAST_REQUEST",
-            # Long generations and streamed responses outlive the 30 s default.
-            timeout_sec=600,
+            # The whole response time on a regional internal Application Load Balancer (30 s by default,
+            # https://cloud.google.com/load-balancing/docs/l7-internal#timeouts_and_retries): as long as
+            # HAProxy lets a stream run, so a long generation is not cut here while HAProxy still serves it.
+            timeout_sec=args.timeout_seconds,
             health_checks=health.id,
             backends=[
                 gcp.compute.RegionBackendServiceBackendArgs(

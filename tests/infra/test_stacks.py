@@ -651,3 +651,27 @@ def test_gpu_vm_declares_the_local_ssds_google_attaches_so_a_second_up_replaces_
     declared = [dict(d) for d in inputs.get("scratchDisks") or []]
     as_declared = [(d.get("interface", "SCSI"), d.get("size", 375)) for d in declared]
     assert as_declared == read_back_scratch_disks(inputs["machineType"], declared)
+
+
+def haproxy_seconds(value: str) -> float:
+    """An HAProxy time ("1h", "30s", "500ms", "2d"; a bare number is milliseconds) in seconds."""
+    number, unit = re.fullmatch(r"(\d+)(us|ms|s|m|h|d)?", value).groups()
+    return int(number) * {"us": 1e-6, "ms": 1e-3, None: 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+
+
+def test_the_balancer_waits_as_long_as_haproxy_lets_a_stream_run():
+    # A stream HAProxy still serves must not be cut by the load balancer in front of it: the backend
+    # service's timeout is the whole response time on a regional internal Application Load Balancer
+    # (https://cloud.google.com/load-balancing/docs/l7-internal#timeouts_and_retries).
+    from roles.router import Settings as RouterSettings
+
+    run = run_program("gpu8", with_cloud("gpu8", hosts=2))
+    backend = run.one("gcp:compute/regionBackendService:RegionBackendService").inputs
+    assert backend["timeoutSec"] == haproxy_seconds(RouterSettings().stream_timeout)
+
+
+def test_the_balancer_timeout_follows_the_spec_stream_timeout():
+    config = with_cloud("gpu8", hosts=2)
+    config["gemmaserve:serving"] = {**config.get("gemmaserve:serving", {}), "stream_timeout": 7200}
+    run = run_program("gpu8", config)
+    assert run.one("gcp:compute/regionBackendService:RegionBackendService").inputs["timeoutSec"] == 7200
