@@ -29,6 +29,14 @@ BUNDLED_LOCAL_SSDS = {
     "a4-highgpu-8g": 32,
 }
 LOCAL_SSD_GB = 375
+# Third-generation and later machine series take gVNIC, not VirtIO-Net
+# (https://cloud.google.com/compute/docs/networking/using-gvnic); A2 and G2 take either and keep the default.
+GVNIC_SERIES = ("a3", "a4", "g4")
+
+
+def nic_type(machine_type: str) -> str | None:
+    return "GVNIC" if machine_type.split("-")[0] in GVNIC_SERIES else None
+
 
 PROVISIONING_MODEL = {"standard": "STANDARD", "reserved": "STANDARD", "spot": "SPOT", "flex-start": "FLEX_START"}
 
@@ -123,6 +131,7 @@ class GpuVm(pulumi.ComponentResource):
             network_interfaces=[
                 gcp.compute.InstanceNetworkInterfaceArgs(
                     subnetwork=args.subnetwork,
+                    nic_type=nic_type(args.machine_type),
                     # An empty access config asks for an ephemeral public IP; none means private only.
                     access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()]
                     if args.allow_external_ip

@@ -675,3 +675,16 @@ def test_the_balancer_timeout_follows_the_spec_stream_timeout():
     config["gemmaserve:serving"] = {**config.get("gemmaserve:serving", {}), "stream_timeout": 7200}
     run = run_program("gpu8", config)
     assert run.one("gcp:compute/regionBackendService:RegionBackendService").inputs["timeoutSec"] == 7200
+
+
+# Third-generation and later machine series (A3, A4, G4) take gVNIC, not VirtIO-Net
+# (https://cloud.google.com/compute/docs/networking/using-gvnic); A2 and G2 take either.
+NIC_TYPES = {"gpu8": "GVNIC", "h100": "GVNIC", "a100": None}
+
+
+@pytest.mark.parametrize("stack", GPU_STACKS)
+def test_third_generation_gpu_vms_use_gvnic(stack_runs, stack):
+    nic = stack_runs[stack].one(INSTANCE).inputs["networkInterfaces"][0]
+    assert nic.get("nicType") == NIC_TYPES[stack]
+    if nic.get("nicType"):
+        COMPUTE.assert_request("NetworkInterface", {"nicType": nic["nicType"]})
