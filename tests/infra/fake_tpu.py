@@ -147,6 +147,8 @@ class FakeTpu:
     refuse_delete: ApiError | None = None
     # This many reads of a queued resource fail with UNAVAILABLE (a flaky network, an API hiccup).
     flaky_gets: int = 0
+    # Over HTTP: whether a create's long-running operation ever reports done (False: the wait times out).
+    create_operations_finish: bool = True
     records: dict[str, Record] = field(default_factory=dict)
     calls: list[tuple] = field(default_factory=list)
     ips: itertools.count = field(default_factory=lambda: itertools.count(7))
@@ -419,7 +421,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, self._operation(path))
             if method == "POST" and path.endswith("/queuedResources"):
                 fake.create_queued_resource(path.rsplit("/", 1)[0], query["queuedResourceId"], body)
-                return self._send(200, self._start(path.rsplit("/", 1)[0], done=True))
+                return self._send(200, self._start(path.rsplit("/", 1)[0], done=fake.create_operations_finish))
             if method == "GET" and "/queuedResources/" in path:
                 return self._send(200, fake.get_queued_resource(path))
             if method == "DELETE" and "/queuedResources/" in path:
@@ -434,7 +436,14 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as failure:
             self._send(
                 failure.code,
-                {"error": {"code": failure.code, "status": failure.status, "message": failure.message}},
+                {
+                    "error": {
+                        "code": failure.code,
+                        "status": failure.status,
+                        "message": failure.message,
+                        **({"details": failure.details} if failure.details else {}),
+                    }
+                },
             )
 
     def _start(self, resource: str, done: bool, waits_for_gone: str | None = None) -> dict:

@@ -63,3 +63,35 @@ def test_a_body_the_discovery_document_refuses_is_invalid_argument(served):
     with pytest.raises(ApiError) as caught:
         api.create_queued_resource(f"projects/{PROJECT}/locations/{ZONES[0]}", QR_ID, body)
     assert caught.value.status == "INVALID_ARGUMENT" and "acceleratorTyp: unknown field" in caught.value.message
+
+
+def provider_over(fake: FakeTpu, api: GoogleTpuApi) -> QueuedResourceProvider:
+    return QueuedResourceProvider(
+        api_factory=lambda: api, poll_seconds=30, sleep=fake.clock.sleep, clock=fake.clock, progress=lambda _: None
+    )
+
+
+def test_a_quota_refusal_arrives_with_its_details_and_stops_the_chain(served):
+    from tpu_queued_resource import QueuedResourceFailed
+
+    from tests.infra.test_tpu_queued_resource import QUOTA_FAILURE
+
+    fake, api = served
+    for zone in ZONES:
+        fake.zones[zone] = Zone(
+            refuse_create=ApiError(429, "RESOURCE_EXHAUSTED", "Resource exhausted", [QUOTA_FAILURE])
+        )
+    with pytest.raises(QueuedResourceFailed) as caught:
+        provider_over(fake, api).create(props())
+    assert caught.value.state == "QUOTA" and "TPUV6EPerProjectPerZoneForTPUAPI" in caught.value.reason
+    assert fake.created_in() == [ZONES[0]]
+
+
+def test_a_create_whose_operation_never_finishes_is_adopted(served):
+    fake, api = served
+    api.operation_timeout = 60
+    fake.create_operations_finish = False
+    fake.zones[ZONES[0]] = Zone(capacity_at=fake.clock() + 3 * 3600)
+    result = provider_over(fake, api).create(props())
+    assert result.outs["zone"] == ZONES[0] and result.outs["state"] == "WAITING_FOR_RESOURCES"
+    assert [r.name for r in fake.live()] == [qr_name(ZONES[0])]
