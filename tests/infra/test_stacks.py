@@ -633,7 +633,13 @@ def test_a_slice_still_queued_after_up_declares_the_rest_without_its_address(sta
 # A4 machine types come with a fixed number of 375 GB NVMe Local SSDs; G4 (and G2) come with none unless
 # asked (https://cloud.google.com/compute/docs/disks/local-ssd#lssd_disks_fixed,
 # https://cloud.google.com/compute/docs/disks/add-local-ssd). Written out here, not read from infra/.
-GOOGLE_ATTACHES = {"a2-ultragpu-1g": 1, "a3-highgpu-8g": 16, "g4-standard-384": 0}
+GOOGLE_ATTACHES = {
+    "a2-ultragpu-1g": 1,
+    "a3-highgpu-8g": 16,
+    "a3-ultragpu-8g": 32,
+    "a4-highgpu-8g": 32,
+    "g4-standard-384": 0,
+}
 
 
 def read_back_scratch_disks(machine_type: str, declared: list[dict]) -> list[tuple[str, int]]:
@@ -688,3 +694,22 @@ def test_third_generation_gpu_vms_use_gvnic(stack_runs, stack):
     assert nic.get("nicType") == NIC_TYPES[stack]
     if nic.get("nicType"):
         COMPUTE.assert_request("NetworkInterface", {"nicType": nic["nicType"]})
+
+
+@pytest.mark.parametrize("kind", ["h200", "b200"])
+def test_a3_ultra_and_a4_declare_their_32_local_ssds_and_gvnic(kind):
+    # Their weights on the bundled Local SSDs (Hyperdisk-only series; standard provisioning).
+    config = stack_config("h100")
+    cloud = {k: v for k, v in config["gemmaserve:cloud"].items() if k != "max_run_duration"}
+    config["gemmaserve:accelerator"] = {"kind": kind, "count": 8}
+    config["gemmaserve:cloud"] = {
+        **cloud,
+        "provisioning": "standard",
+        "boot_disk_type": "hyperdisk-balanced",
+        "weights_disk": {"type": "local-ssd"},
+    }
+    inputs = run_program("h100", config).one(INSTANCE).inputs
+    declared = [dict(d) for d in inputs.get("scratchDisks") or []]
+    as_declared = [(d.get("interface", "SCSI"), d.get("size", 375)) for d in declared]
+    assert as_declared == read_back_scratch_disks(inputs["machineType"], declared)
+    assert inputs["networkInterfaces"][0]["nicType"] == "GVNIC"
