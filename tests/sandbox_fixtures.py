@@ -231,8 +231,10 @@ def wait_until(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-# HAProxy's answer when none of a host's replicas can take a request: no replica accepted it.
-NO_SERVER = "No server is available to handle this request"
+# A host's answer when none of its replicas is in service, so no replica accepted the request: HAProxy's own
+# 503 body (least-outstanding), or the router's OpenAI-style 503 (prefix-affinity: roles/router error_bodies'
+# "overloaded", code server_overloaded; a status 503, never the 429 of a queue that timed out at a replica).
+NO_SERVER = ("No server is available to handle this request", '"code": "server_overloaded"')
 
 
 @dataclass
@@ -292,7 +294,7 @@ class Load:
                 with self._lock:
                     self.failures.append(f"{url}: {error!r}")
                 return
-            if status == 503 and NO_SERVER in body and not last:
+            if status == 503 and any(marker in body for marker in NO_SERVER) and not last:
                 with self._lock:
                     self.rerouted += 1
                 continue
