@@ -5,12 +5,12 @@ and what is allowed (issue 26: a `serving.tls.file` with a newline rendered an H
 
 from __future__ import annotations
 
-import copy
 import shlex
 
 import pytest
 
 from gemmaserve.spec import SpecError, parse_spec
+from tests.unit.test_spec_errors import with_ as spec_with
 
 GOOD = {"model": "e2b", "accelerator": {"kind": "l4"}}
 INJECTIONS = [
@@ -28,13 +28,7 @@ INJECTIONS = [
 
 
 def with_(path: str, value) -> dict:
-    data = copy.deepcopy(GOOD)
-    node = data
-    *parents, leaf = path.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
-    return data
+    return spec_with(path, value, GOOD)
 
 
 @pytest.mark.parametrize("field", ["serving.api_keys.file", "serving.tls.file", "secret.file"])

@@ -9,8 +9,9 @@ from gemmaserve.spec import SpecError, parse_spec
 GOOD = {"model": "31b", "accelerator": {"kind": "rtx-pro-6000", "count": 8}}
 
 
-def with_(path: str, value):
-    data = copy.deepcopy(GOOD)
+def with_(path: str, value, base: dict = GOOD) -> dict:
+    """A copy of `base` (a valid spec) with the dotted field `path` set to `value`."""
+    data = copy.deepcopy(base)
     node = data
     *parents, leaf = path.split(".")
     for part in parents:
