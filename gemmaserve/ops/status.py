@@ -6,9 +6,11 @@ operator's key (GEMMASERVE_API_KEY)."""
 from __future__ import annotations
 
 import json
-import re
+import math
 import shlex
 from dataclasses import asdict, dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from gemmaserve.ops import fleet
 from gemmaserve.ops.endpoint import API_KEY_ENV, EndpointError
@@ -17,7 +19,6 @@ from gemmaserve.plan import Plan
 SEPARATOR = "----gemmaserve-status----"
 # The unit state of every replica of a host that ssh could not reach; `phase` then says why.
 UNREACHABLE = "unreachable"
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eE]+|NaN)$")
 
 
 @dataclass
@@ -48,12 +49,19 @@ class ReplicaStatus:
 
 
 def metric_sums(text: str) -> dict[str, float]:
-    """Prometheus text format -> {metric name: sum over its label sets}."""
+    """Prometheus text format -> {sample name: sum over its label sets}, NaN samples left out.
+
+    Keyed by the sample's name, as exposed: a counter's family is `vllm:prefix_cache_queries` and its samples
+    are `vllm:prefix_cache_queries_total` (and `_created`). A body that stops being Prometheus text (an error
+    page, a reply curl's -m cut mid-line) keeps the families read before it."""
     sums: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line.strip())
-        if match and match["value"] != "NaN":
-            sums[match["name"]] = sums.get(match["name"], 0.0) + float(match["value"])
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if not math.isnan(sample.value):
+                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    except ValueError:
+        pass
     return sums
 
 

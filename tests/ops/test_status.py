@@ -28,6 +28,70 @@ def test_metric_sums_ignore_comments_and_sum_label_sets():
     assert sums["vllm:num_requests_running"] == 5.0 and sums["vllm:kv_cache_usage_perc"] == 0.25
 
 
+def vllm_metrics_text(
+    running: float, waiting: float, kv_cache: float, queries: float, hits: float, stop: float, length: float
+) -> str:
+    """A replica's /metrics as the pinned vLLM writes it: the metrics status reads, declared as
+    vllm/v1/metrics/loggers.py declares them at v0.32.0 (names, documentation, labelnames ["model_name",
+    "engine"], a request_success series per FinishReason, the TTFT histogram with its default buckets from
+    vllm/v1/metrics/buckets.py) on prometheus_client's registry, and written by prometheus_client's exposition,
+    which vLLM's /metrics route mounts (make_asgi_app, vllm/entrypoints/serve/instrumentator/metrics.py)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    registry = CollectorRegistry()
+    labels = {"model_name": "google/gemma-4-31B-it", "engine": "0"}
+    names = list(labels)
+
+    def gauge(name: str, doc: str, value: float) -> None:
+        Gauge(name, doc, names, registry=registry).labels(**labels).set(value)
+
+    def counter(name: str, doc: str, value: float) -> None:
+        Counter(name, doc, names, registry=registry).labels(**labels).inc(value)
+
+    gauge("vllm:num_requests_running", "Number of requests in model execution batches.", running)
+    gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting)
+    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_cache)
+    counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", queries)
+    counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", hits)
+    success = Counter(
+        "vllm:request_success",
+        "Count of successfully processed requests.",
+        [*names, "finished_reason"],
+        registry=registry,
+    )
+    for reason, count in (("stop", stop), ("length", length), ("abort", 0), ("error", 0), ("repetition", 0)):
+        success.labels(**labels, finished_reason=reason).inc(count)
+    ttft = Histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        names,
+        registry=registry,
+        buckets=[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
+    )
+    ttft.labels(**labels).observe(0.03)
+    return generate_latest(registry).decode()
+
+
+def test_status_reads_vllms_own_exposition():
+    text = vllm_metrics_text(running=3, waiting=1, kv_cache=0.25, queries=200, hits=50, stop=58, length=2)
+    assert "# TYPE vllm:prefix_cache_queries_total counter" in text and "_bucket{" in text  # what vLLM writes
+    status = replica_status("h", 0, "active", "200", json.dumps({"data": [{"id": "m"}]}), text)
+    assert (status.running, status.waiting, status.kv_cache_usage) == (3.0, 1.0, 0.25)
+    assert (status.prefix_cache_queries, status.prefix_cache_hits, status.prefix_cache_hit_rate) == (200, 50, 0.25)
+    assert status.requests == 60.0  # every finished_reason, not the _created timestamps beside them
+
+
+def test_a_body_that_is_not_prometheus_text_gives_what_came_before_it():
+    """A proxy's error page reads as no numbers; a body curl's -m cut mid-line keeps the families before it."""
+    assert metric_sums("<html><body>502 Bad Gateway</body></html>") == {} and metric_sums("") == {}
+    text = vllm_metrics_text(running=3, waiting=1, kv_cache=0.25, queries=200, hits=50, stop=58, length=2)
+    cut = text[: text.index("vllm:num_requests_waiting{") + 20]
+    assert metric_sums(cut)["vllm:num_requests_running"] == 3.0
+    assert "vllm:kv_cache_usage_perc" not in metric_sums(cut)
+    nan = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN\n'
+    assert "vllm:kv_cache_usage_perc" not in metric_sums(METRICS.replace("vllm:kv_cache_usage_perc", "x") + nan)
+
+
 def test_replica_status_fields():
     status = replica_status("h", 0, "active", "200", json.dumps({"data": [{"id": "m"}]}), METRICS)
     assert (status.healthy, status.model, status.running, status.waiting) == (True, "m", 3.0, 1.0)
