@@ -190,46 +190,54 @@ def as_json(statuses: list[ReplicaStatus]) -> str:
     return json.dumps({"replicas": [asdict(s) for s in statuses]}, indent=2)
 
 
-def print_table(statuses: list[ReplicaStatus]) -> None:
+def print_table(statuses: list[ReplicaStatus], console=None) -> None:
+    """One table per host, sized for an 80-column terminal: the host's line carries what its replicas share
+    (model, the endpoint's answer), each replica's phase has a line of its own under the table, where a long
+    one wraps whole instead of in a narrow column."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title="gemmaserve status")
-    columns = (
-        "host",
-        "replica",
-        "unit",
-        "phase",
-        "health",
-        "model",
-        "running",
-        "waiting",
-        "KV cache",
-        "prefix hits",
-        "requests",
-        "endpoint",
-    )
-    for column in columns:
-        table.add_column(column)
+    console = console or Console()
+    hosts: dict[str, list[ReplicaStatus]] = {}
+    for s in statuses:
+        hosts.setdefault(s.host, []).append(s)
 
     def number(value: float | None, percent: bool = False) -> str:
         if value is None:
             return "-"
         return f"{value * 100:.1f}%" if percent else f"{value:g}"
 
-    for s in statuses:
-        table.add_row(
-            s.host,
-            str(s.index),
-            s.state,
-            s.phase or "-",
-            "[green]ok[/green]" if s.healthy else "[red]down[/red]",
-            s.model or "-",
-            number(s.running),
-            number(s.waiting),
-            number(s.kv_cache_usage, True),
-            number(s.prefix_cache_hit_rate, True),
-            number(s.request_share, True),
-            s.endpoint,
+    console.print(Text("gemmaserve status", style="bold"))
+    for host, rows in hosts.items():
+        models = sorted({s.model for s in rows if s.model})
+        endpoints = sorted({s.endpoint for s in rows})
+        console.print(
+            Text.assemble(
+                ("\n" + host, "bold"),
+                ("  model ", "dim"),
+                ", ".join(models) or "-",
+                ("  endpoint ", "dim"),
+                ", ".join(endpoints),
+            )
         )
-    Console().print(table)
+        # Two spaces between columns and none at the edges: the widest row (unit "deactivating") takes 72.
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+        for column in ("replica", "unit", "health", "run/wait", "KV cache", "prefix hits", "requests"):
+            numeric = column not in ("replica", "unit", "health")
+            table.add_column(column, justify="right" if numeric else "left", no_wrap=True)
+        for s in rows:
+            table.add_row(
+                str(s.index),
+                s.state,
+                Text("ok", style="green") if s.healthy else Text("down", style="red"),
+                f"{number(s.running)}/{number(s.waiting)}",
+                number(s.kv_cache_usage, True),
+                number(s.prefix_cache_hit_rate, True),
+                number(s.request_share, True),
+            )
+        console.print(table)
+        for s in rows:
+            if s.phase:
+                console.print(Text.assemble((f"replica {s.index}: ", "dim"), s.phase))

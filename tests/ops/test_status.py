@@ -182,3 +182,40 @@ def test_a_limit_that_picks_no_host_is_bad_input(tmp_path):
     inventory.write_text(f"hosts = [('sandbox-1', {sandbox_host_data()!r})]\n")
     result = status_cli("--inventory", str(inventory), "--limit", "sandbox-2")
     assert result.returncode == 2 and "--limit 'sandbox-2'" in result.stderr and "sandbox-1" in result.stderr
+
+
+def test_the_table_fits_80_columns_with_every_figure_whole():
+    """`gemmaserve status` in an 80-column terminal: no line wider, nothing cut to an ellipsis; each host's
+    replicas, hit rates and phases are there in full (a long phase wraps on a line of its own)."""
+    import io
+
+    from rich.console import Console
+
+    from gemmaserve.ops.status import print_table, with_request_shares
+
+    fetching = "fetching weights: 412/1090 MiB (38%), 25 MiB/s, from gs://gemmaserve-weights/google/gemma-4-31B-it"
+    metrics = vllm_metrics_text(running=128, waiting=1024, kv_cache=1.0, queries=20000, hits=17468, stop=99, length=1)
+    rows = [
+        replica_status("gemmaserve-a3-ultra-europe-west4-1", i, "active", "200", '{"data": [{"id": "m"}]}', metrics)
+        for i in range(8)
+    ]
+    rows[0] = replica_status(rows[0].host, 0, "deactivating", "000", "", "", fetching)
+    ghost_phase = "ssh 10.0.0.9: [Errno None] Unable to connect to port 22 on 10.0.0.9"
+    rows.append(replica_status("ghost", 0, "unreachable", "", "", "", ghost_phase))
+    for row in rows:
+        row.endpoint = "ok" if row.host != "ghost" else "unreachable: [Errno 111] Connection refused"
+    console = Console(width=80, file=io.StringIO(), color_system=None)
+    print_table(with_request_shares(rows), console)
+    text = console.file.getvalue()
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in text, text
+    header = next(line for line in lines if line.startswith("replica "))
+    assert header.split() == ["replica", "unit", "health", "run/wait", "KV", "cache", "prefix", "hits", "requests"]
+    table = [line.split() for line in lines if line[:2] in {f"{i} " for i in range(8)}]
+    assert [r[0] for r in table] == [*map(str, range(8)), "0"]  # every replica of both hosts
+    assert table[1][1:] == ["active", "ok", "128/1024", "100.0%", "87.3%", "14.3%"]
+    assert table[0][1:] == ["deactivating", "down", "-/-", "-", "-", "-"]
+    assert table[-1][1:3] == ["unreachable", "down"]
+    joined = " ".join(line.strip() for line in lines)
+    assert f"replica 0: {fetching}" in joined and f"replica 0: {ghost_phase}" in joined
+    assert "gemmaserve-a3-ultra-europe-west4-1 model m endpoint ok" in " ".join(joined.split())
