@@ -117,6 +117,7 @@ if settings.tpu_type is not None:
             subnetworks={r: s.id for r, s in network.subnets.items()},
             service_account=identity.email,
             enable_external_ips=cloud.allow_external_ip,
+            data_disk=settings.tpu_data_disk,
             labels=labels,
             tags=[HOST_TAG],
             create_wait_seconds=cloud.create_wait_seconds,

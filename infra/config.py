@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -38,6 +39,9 @@ HEALTH_CHECK_RANGES = ("130.211.0.0/22", "35.191.0.0/16")
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # Flex-start capacity is granted for at most 7 days (cloud.google.com/tpu/docs/flex-start and compute/docs/instances/flex-start-vms).
 FLEX_START_MAX = timedelta(days=7)
+# ... and for at least 10 minutes (cloud.google.com/compute/docs/instances/about-flex-start-vms, "Flex-start
+# VM limited run duration"): a shorter max_run_duration is refused by the API after the queue wait.
+FLEX_START_MIN = timedelta(minutes=10)
 # Flex-start TPUs are sold in a few zones only, per TPU generation
 # (https://cloud.google.com/tpu/docs/request-using-flex-start, "Limitations").
 TPU_FLEX_START_ZONES = {"tpu-v6e": ("asia-northeast1-b", "us-east5-a"), "tpu-v5e": ("us-central1-a",)}
@@ -51,6 +55,21 @@ HYPERDISK_ONLY_SERIES = ("g4",)
 # (https://cloud.google.com/blog/products/compute/introducing-flex-start-vms-for-the-compute-engine-instance-api):
 # the instance's create timeout covers that and the boot, instead of the provider's default 20 minutes.
 FLEX_START_VM_CREATE_TIMEOUT = "130m"
+# The data disk a TPU VM's weights live on, by generation: a TPU VM has a 100 GiB boot disk that cannot
+# grow, v6e and TPU7x attach Hyperdisk (Balanced or ML) and no Persistent Disk, v5e Balanced Persistent
+# Disk (https://cloud.google.com/tpu/docs/attach-durable-block-storage,
+# https://cloud.google.com/tpu/docs/storage-options).
+TPU_DATA_DISK_TYPES = {
+    "tpu-v6e": ("hyperdisk-balanced",),
+    "tpu-v7": ("hyperdisk-balanced",),
+    "tpu-v5e": ("pd-balanced",),
+}
+# What the disk holds besides the checkpoint: the serving engine (a vLLM TPU container image or wheel venv;
+# an image is pulled compressed and unpacked, so twice its size while it lands) and the compile caches,
+# then a margin for a second revision during a rolling change. Our estimates, not a vendor figure.
+TPU_DISK_ENGINE_GIB = 40
+TPU_DISK_CACHES_GIB = 20
+TPU_DISK_MARGIN = 1.25
 _ZONE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
 _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -65,7 +84,12 @@ class WeightsDisk(Strict):
     """Where weights and compile caches live: local NVMe SSD (fast, lost on stop) or a persistent disk."""
 
     type: Literal["pd-balanced", "pd-ssd", "hyperdisk-balanced", "local-ssd", "none"] = "pd-balanced"
-    size_gb: int = Field(500, ge=50, le=65536, description="Persistent disk size; ignored for local-ssd.")
+    size_gb: int = Field(
+        500,
+        ge=50,
+        le=65536,
+        description="Disk size; ignored for local-ssd. TPU: unset sizes the data disk from the plan.",
+    )
     local_ssd_count: int = Field(
         1, ge=1, le=32, description="375 GB NVMe partitions for local-ssd; A2 Ultra/A3/A4 use their bundle."
     )
@@ -238,6 +262,14 @@ class Cloud(Strict):
                 problems.append(("max_run_duration", None, "flex-start needs one; allowed: a duration up to 7d"))
             elif duration > FLEX_START_MAX:
                 problems.append(("max_run_duration", self.max_run_duration, "flex-start allows at most 7d"))
+            elif duration < FLEX_START_MIN:
+                problems.append(
+                    (
+                        "max_run_duration",
+                        self.max_run_duration,
+                        "flex-start runs at least 10 minutes; allowed: 10m to 7d",
+                    )
+                )
             if self.termination_action != "DELETE":
                 problems.append(
                     ("termination_action", self.termination_action, "flex-start capacity is returned; allowed: DELETE")
@@ -346,6 +378,21 @@ class Settings:
     def repository_id(self) -> str:
         """The Artifact Registry repository: the stack's own unless one is named."""
         return self.cloud.image.repository or self.name
+
+    @property
+    def tpu_data_disk(self) -> dict[str, Any] | None:
+        """TPU: the node's data disk, {type, size_gb} (None: not a TPU stack, or weights_disk.type none).
+        Sized from the plan (checkpoint + engine + caches, with a margin) unless weights_disk.size_gb is set."""
+        if self.tpu_type is None or self.cloud.weights_disk.type == "none":
+            return None
+        disk = self.cloud.weights_disk
+        kind = disk.type if "type" in disk.model_fields_set else TPU_DATA_DISK_TYPES[self.spec.accelerator_info.name][0]
+        if "size_gb" in disk.model_fields_set:
+            return {"type": kind, "size_gb": disk.size_gb}
+        model = self.spec.model_info
+        weights = (model.checkpoint_bytes + (model.mtp_assistant_bytes or 0)) / 2**30
+        needed = (weights + TPU_DISK_ENGINE_GIB + TPU_DISK_CACHES_GIB) * TPU_DISK_MARGIN
+        return {"type": kind, "size_gb": max(50, math.ceil(needed / 10) * 10)}
 
     @property
     def flex_start_zones(self) -> tuple[str, ...] | None:
@@ -459,6 +506,13 @@ def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
             )
         if cloud.hosts != 1:
             problems.append(f"cloud.hosts = {cloud.hosts}: a TPU stack is one queued slice; allowed: 1")
+        takes = TPU_DATA_DISK_TYPES.get(acc.name, ())
+        disk_type = cloud.weights_disk.type
+        if "type" in cloud.weights_disk.model_fields_set and disk_type != "none" and disk_type not in takes:
+            problems.append(
+                f"cloud.weights_disk.type = {disk_type!r}: a {acc.name} VM attaches {', '.join(takes)} as its data"
+                f" disk; allowed: {', '.join(takes)}, none (https://cloud.google.com/tpu/docs/attach-durable-block-storage)"
+            )
     elif acc.is_gpu:
         if not acc.gcp_machine_types:
             problems.append(

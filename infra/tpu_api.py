@@ -1,4 +1,4 @@
-"""What the TPU provider needs from tpu.googleapis.com v2alpha1, and the adapter that calls it over REST.
+"""What the TPU provider needs from tpu.googleapis.com v2alpha1 (and compute v1 disks), and the adapter over REST.
 
 The adapter is google-api-python-client's discovery client built from the discovery document shipped in
 its wheel (static_discovery): methods, paths and parameters are Google's own, and the bodies are the
@@ -35,6 +35,10 @@ class TpuApi(Protocol):
     def delete_queued_resource(self, name: str, force: bool = True) -> None: ...
     def get_node(self, name: str) -> dict: ...
     def patch_node(self, name: str, update_mask: str, body: dict) -> None: ...
+    # The node's data disk: a zonal Compute Engine disk (compute v1 disks), made before the request.
+    def create_disk(self, project: str, zone: str, body: dict) -> None: ...
+    def get_disk(self, project: str, zone: str, name: str) -> dict: ...
+    def delete_disk(self, project: str, zone: str, name: str) -> None: ...
 
 
 _STATUS = {
@@ -84,6 +88,16 @@ class GoogleTpuApi:
             client_options=options,
         )
         self._locations = self._service.projects().locations()
+        # Compute's paths carry their own prefix (servicePath compute/v1/), which an endpoint override replaces.
+        compute_options = {"api_endpoint": endpoint.rstrip("/") + "/compute/v1/"} if endpoint else None
+        self._compute = build(
+            "compute",
+            "v1",
+            credentials=credentials,
+            static_discovery=True,
+            cache_discovery=False,
+            client_options=compute_options,
+        )
         self.operation_timeout, self.sleep, self.clock = operation_timeout, sleep, clock
 
     def _execute(self, request, retries: int = 0) -> dict[str, Any]:
@@ -130,3 +144,30 @@ class GoogleTpuApi:
     def patch_node(self, name: str, update_mask: str, body: dict) -> None:
         request = self._locations.nodes().patch(name=name, updateMask=update_mask, body=body)
         self._wait(self._execute(request), f"patch {name}")
+
+    def create_disk(self, project: str, zone: str, body: dict) -> None:
+        operation = self._execute(self._compute.disks().insert(project=project, zone=zone, body=body))
+        self._wait_zonal(project, zone, operation, f"create disk {body.get('name')} in {zone}")
+
+    def get_disk(self, project: str, zone: str, name: str) -> dict:
+        return self._execute(self._compute.disks().get(project=project, zone=zone, disk=name), retries=3)
+
+    def delete_disk(self, project: str, zone: str, name: str) -> None:
+        operation = self._execute(self._compute.disks().delete(project=project, zone=zone, disk=name))
+        self._wait_zonal(project, zone, operation, f"delete disk {name} in {zone}")
+
+    def _wait_zonal(self, project: str, zone: str, operation: dict[str, Any], what: str) -> None:
+        """A compute zonal Operation: status DONE, errors under error.errors (compute v1 Operation)."""
+        deadline = self.clock() + self.operation_timeout
+        while operation.get("status") != "DONE":
+            if self.clock() > deadline:
+                raise ApiError(504, "DEADLINE_EXCEEDED", f"{what}: operation {operation['name']} still running")
+            self.sleep(2)
+            request = self._compute.zoneOperations().get(project=project, zone=zone, operation=operation["name"])
+            operation = self._execute(request, retries=3)
+        errors = (operation.get("error") or {}).get("errors") or []
+        if errors:
+            code = int(operation.get("httpErrorStatusCode") or 400)
+            raise ApiError(
+                code, _STATUS.get(code, "FAILED_PRECONDITION"), "; ".join(e.get("message", "") for e in errors)
+            )

@@ -15,7 +15,9 @@ document) and runs the lifecycle an SRE expects:
   flex-start slice within `recycle_before_seconds` of its end, is an update that re-queues it; labels,
   tags and metadata are patched on the node; queue settings and zone order are stored; only a change
   to the shape of a slice that holds capacity replaces it;
-- delete fails loudly unless the request is really gone, and waits until it and its node are.
+- delete fails loudly unless the request is really gone, and waits until it and its node are;
+- with `data_disk`, the node's data disk (weights, image, caches) is made in the zone just before the
+  request there and deleted with the request, or as soon as that zone refused it.
 
 `decide` is the one place those rules live; `gemmaserve capacity` shows its verdict and acts only by
 running the stack (so the re-queue goes through this same code). The Google client is imported inside
@@ -70,6 +72,7 @@ NODE_KEYS = (
     "service_account",
     "scopes",
     "enable_external_ips",
+    "data_disk",
 )
 # Patched on the node in place (nodes.patch; its updateMask lists description, tags, labels, metadata, ...).
 PATCH_KEYS = ("labels", "tags", "metadata")
@@ -237,6 +240,12 @@ def build_request(props: dict[str, Any], zone: str, provisioning: str | None = N
     }
     if props.get("metadata"):
         node["metadata"] = dict(props["metadata"])
+    if props.get("data_disk"):
+        # The weights' disk, made in this zone just before the request (_ensure_disk): a TPU VM's 100 GiB boot
+        # disk cannot grow, and a data disk is attached by reference to an existing zonal disk
+        # (cloud.google.com/tpu/docs/attach-durable-block-storage; AttachedDisk.sourceDisk in the discovery
+        # document). READ_WRITE: one node writes it (single-writer mode).
+        node["dataDisks"] = [{"sourceDisk": data_disk_path(props, zone), "mode": "READ_WRITE"}]
     body: dict[str, Any] = {
         "tpu": {
             "nodeSpec": [
@@ -346,6 +355,25 @@ def queued_resource_name(props: dict[str, Any], zone: str) -> str:
 
 def node_name(props: dict[str, Any], zone: str) -> str:
     return f"projects/{props['project']}/locations/{zone}/nodes/{props['node_id']}"
+
+
+def data_disk_name(props: dict[str, Any]) -> str:
+    return f"{props['node_id']}-data"
+
+
+def data_disk_path(props: dict[str, Any], zone: str) -> str:
+    return f"projects/{props['project']}/zones/{zone}/disks/{data_disk_name(props)}"
+
+
+def data_disk_body(props: dict[str, Any], zone: str) -> dict[str, Any]:
+    """The compute v1 Disk for the node's data disk: type and size from the stack (config.tpu_data_disk)."""
+    disk = props["data_disk"]
+    return {
+        "name": data_disk_name(props),
+        "sizeGb": str(int(disk["size_gb"])),
+        "type": f"projects/{props['project']}/zones/{zone}/diskTypes/{disk['type']}",
+        "labels": dict(props.get("labels") or {}),
+    }
 
 
 # --- the rules ------------------------------------------------------------------------------------
@@ -531,19 +559,21 @@ class QueuedResourceProvider(ResourceProvider):
             parent = f"projects/{props['project']}/locations/{candidate.zone}"
             name = f"{parent}/queuedResources/{qr_id}"
             self._say(f"{qr_id}: requesting {props['accelerator_type']} ({candidate})")
-            error = self._create(api, name, props, candidate)
+            error = self._ensure_disk(api, props, candidate.zone) or self._create(api, name, props, candidate)
             for _ in range(TRANSIENT_RETRIES):
                 if error is None or classify(error) != "transient":
                     break
                 self._say(f"{qr_id}: {error.status} from the create ({error.message}); retrying")
                 self.sleep(self.poll_seconds)
-                error = self._create(api, name, props, candidate)
+                error = self._ensure_disk(api, props, candidate.zone) or self._create(api, name, props, candidate)
             if error is not None:
                 if error.status == "ALREADY_EXISTS":
                     adopted, _ = self._adopt(api, props)
                     if adopted is not None:
                         return adopted
                     continue
+                # Nothing was queued here: the data disk made for this zone goes too (it bills by the GB).
+                self._drop_disk_quietly(api, props, candidate.zone)
                 kind = classify(error)
                 if kind == "quota":
                     # Quota is not capacity: no other zone or hour helps until the quota is raised.
@@ -611,6 +641,40 @@ class QueuedResourceProvider(ResourceProvider):
             f"{qr_id}: the create failed ({failure!r}) and the request cannot be read ({unreadable!r}); tracking it"
         )
         return None
+
+    def _ensure_disk(self, api: TpuApi, props: dict[str, Any], zone: str) -> ApiError | None:
+        """Make the node's data disk in `zone` unless it is there: None once it exists, else the refusal."""
+        if not props.get("data_disk"):
+            return None
+        try:
+            api.get_disk(props["project"], zone, data_disk_name(props))
+            return None
+        except ApiError as error:
+            if error.status != "NOT_FOUND":
+                return error
+        try:
+            api.create_disk(props["project"], zone, data_disk_body(props, zone))
+        except ApiError as error:
+            return None if error.status == "ALREADY_EXISTS" else error
+        self._say(
+            f"{props['queued_resource_id']}: made {props['data_disk']['size_gb']} GB {props['data_disk']['type']} in {zone}"
+        )
+        return None
+
+    def _drop_disk(self, api: TpuApi, props: dict[str, Any], zone: str) -> None:
+        if not props.get("data_disk"):
+            return
+        try:
+            api.delete_disk(props["project"], zone, data_disk_name(props))
+        except ApiError as error:
+            if error.status != "NOT_FOUND":
+                raise
+
+    def _drop_disk_quietly(self, api: TpuApi, props: dict[str, Any], zone: str) -> None:
+        try:
+            self._drop_disk(api, props, zone)
+        except ApiError as error:
+            self._say(f"{props['queued_resource_id']}: could not delete {data_disk_path(props, zone)} ({error})")
 
     def _event(self, candidate: Candidate, state: str, reason: str) -> dict[str, str]:
         return {
@@ -740,10 +804,12 @@ class QueuedResourceProvider(ResourceProvider):
 
     def _delete_and_wait(self, api: TpuApi, name: str, node: str, props: dict[str, Any]) -> None:
         """Delete the request (force: its node goes with it) and return only once both are gone."""
+        zone = name.split("/")[3]
         try:
             api.delete_queued_resource(name, force=True)
         except ApiError as error:
             if error.status == "NOT_FOUND":
+                self._drop_disk(api, props, zone)
                 return
             raise
         timeout = float(props.get("delete_timeout_seconds") or DEFAULT_DELETE_TIMEOUT)
@@ -761,6 +827,8 @@ class QueuedResourceProvider(ResourceProvider):
                     state = "NODE_STILL_PRESENT"
                 except ApiError as node_error:
                     if node_error.status == "NOT_FOUND":
+                        # Detached with the node: the data disk can go now, and must (it bills on its own).
+                        self._drop_disk(api, props, zone)
                         self._say(f"{short}: deleted after {int(self.clock() - started)} s")
                         return
                     raise

@@ -29,6 +29,8 @@ class TpuSliceArgs:
     valid_until_seconds: int | None = None
     valid_after: str | None = None
     enable_external_ips: bool = False
+    # The node's data disk for weights, engine and caches, {type, size_gb} (Settings.tpu_data_disk); None: none.
+    data_disk: dict[str, Any] | None = None
     labels: dict[str, str] = field(default_factory=dict)
     tags: list[str] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
@@ -68,6 +70,7 @@ class TpuSlice(pulumi.ComponentResource):
             "tags": args.tags,
             "metadata": args.metadata,
             "enable_external_ips": args.enable_external_ips,
+            "data_disk": args.data_disk,
             "create_wait_seconds": args.create_wait_seconds,
             "recycle_before_seconds": args.recycle_before_seconds,
         }

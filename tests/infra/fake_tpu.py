@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, urlparse
 from tpu_api import ApiError
 from tpu_queued_resource import QueuedResourceProvider
 
-from tests.infra.discovery import TPU, supported_update_fields
+from tests.infra.discovery import COMPUTE, TPU, supported_update_fields
 
 PAYLOADS = Path(__file__).parent / "tpu_payloads"
 # What the fake starts from: 2026-01-20T09:00:00Z, the createTime of the recorded payloads.
@@ -150,6 +150,8 @@ class FakeTpu:
     # Over HTTP: whether a create's long-running operation ever reports done (False: the wait times out).
     create_operations_finish: bool = True
     records: dict[str, Record] = field(default_factory=dict)
+    # Compute Engine disks of the project by path (projects/P/zones/Z/disks/NAME), for the nodes' dataDisks.
+    disks: dict[str, dict] = field(default_factory=dict)
     calls: list[tuple] = field(default_factory=list)
     ips: itertools.count = field(default_factory=lambda: itertools.count(7))
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -186,6 +188,14 @@ class FakeTpu:
             self._advance()
             if name in self.records:
                 raise error("ALREADY_EXISTS", f"Resource '{name}' already exists")
+            node = body["tpu"]["nodeSpec"][0]["node"]
+            disk_errors = [
+                e
+                for disk in node.get("dataDisks") or []
+                for e in self._data_disk_errors(disk.get("sourceDisk", ""), zone, node["acceleratorType"])
+            ]
+            if disk_errors:
+                raise error("INVALID_ARGUMENT", "; ".join(disk_errors))
             spec = self.zone(zone)
             if spec.refuse_create is not None:
                 raise spec.refuse_create
@@ -254,6 +264,48 @@ class FakeTpu:
                     return
             raise error("NOT_FOUND", f"Resource '{name}' was not found")
 
+    # --- compute v1 disks (the nodes' data disks) -------------------------------------------------
+
+    def create_disk(self, project: str, zone: str, body: dict) -> None:
+        with self.lock:
+            self.calls.append(("create_disk", zone, json.loads(json.dumps(body))))
+            errors = COMPUTE.request_errors("Disk", body)
+            path = f"projects/{project}/zones/{zone}/disks/{body.get('name')}"
+            if not str(body.get("type", "")).startswith(f"projects/{project}/zones/{zone}/diskTypes/"):
+                errors.append(f"type {body.get('type')!r} is not a disk type of zone {zone}")
+            if errors:
+                raise error("INVALID_ARGUMENT", "; ".join(errors))
+            if path in self.disks:
+                raise error("ALREADY_EXISTS", f"The resource '{path}' already exists")
+            disk = {**body, "kind": "compute#disk", "zone": zone, "status": "READY", "selfLink": path}
+            COMPUTE.assert_response("Disk", disk)
+            self.disks[path] = disk
+
+    def get_disk(self, project: str, zone: str, name: str) -> dict:
+        with self.lock:
+            self.calls.append(("get_disk", zone, name))
+            path = f"projects/{project}/zones/{zone}/disks/{name}"
+            if path not in self.disks:
+                raise error("NOT_FOUND", f"The resource '{path}' was not found")
+            return json.loads(json.dumps(self.disks[path]))
+
+    def delete_disk(self, project: str, zone: str, name: str) -> None:
+        with self.lock:
+            self.calls.append(("delete_disk", zone, name))
+            self._advance()
+            path = f"projects/{project}/zones/{zone}/disks/{name}"
+            if path not in self.disks:
+                raise error("NOT_FOUND", f"The resource '{path}' was not found")
+            users = [r.name for r in self.records.values() if path in self._disks_of(r)]
+            if users:
+                raise error("FAILED_PRECONDITION", f"The disk resource '{path}' is already being used by '{users[0]}'")
+            del self.disks[path]
+
+    @staticmethod
+    def _disks_of(record: Record) -> list[str]:
+        node = record.body["tpu"]["nodeSpec"][0]["node"]
+        return [d.get("sourceDisk") for d in node.get("dataDisks") or []]
+
     # --- state machine --------------------------------------------------------------------------
 
     def _record(self, name: str) -> Record:
@@ -276,6 +328,21 @@ class FakeTpu:
             errors.append("FLEX_START needs runDuration.maxRunDuration")
         if errors:
             raise error("INVALID_ARGUMENT", "; ".join(errors))
+
+    def _data_disk_errors(self, path: str, zone: str, accelerator: str) -> list[str]:
+        """A data disk must exist, in the node's zone, be free for a read-write attach, and be of a type the
+        TPU generation takes (cloud.google.com/tpu/docs/attach-durable-block-storage: v6e Hyperdisk
+        Balanced or ML, no Persistent Disk; v5e Balanced Persistent Disk)."""
+        disk = self.disks.get(path)
+        if disk is None:
+            return [f"dataDisks.sourceDisk {path!r} does not exist"]
+        if disk["zone"] != zone:
+            return [f"dataDisks.sourceDisk {path!r} is not in zone {zone}"]
+        kind = disk["type"].rsplit("/", 1)[-1]
+        takes = ("hyperdisk-balanced", "hyperdisk-ml") if accelerator.startswith(("v6e", "tpu7x")) else ("pd-balanced",)
+        errors = [] if kind in takes else [f"{accelerator} does not attach {kind}; allowed: {', '.join(takes)}"]
+        users = [r.name for r in self.records.values() if path in self._disks_of(r)]
+        return errors + [f"dataDisks.sourceDisk {path!r} is attached read-write to {u}" for u in users]
 
     def _window(self, record: Record) -> tuple[float, float | None]:
         policy = record.body.get("queueingPolicy") or {}
@@ -417,6 +484,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length)) if length else None
         fake = self.fake
         try:
+            if url.path.startswith("/compute/v1/"):
+                return self._compute(method, url.path.removeprefix("/compute/v1/"), body)
             if "/operations/" in path and method == "GET":
                 return self._send(200, self._operation(path))
             if method == "POST" and path.endswith("/queuedResources"):
@@ -445,6 +514,26 @@ class _Handler(BaseHTTPRequestHandler):
                     }
                 },
             )
+
+    def _compute(self, method: str, path: str, body: dict | None) -> None:
+        """compute v1 disks.insert/get/delete and zoneOperations.get; every operation is done at once."""
+        parts = path.split("/")  # projects/P/zones/Z/(disks|operations)[/NAME]
+        project, zone, kind = parts[1], parts[3], parts[4]
+        if kind == "operations":
+            return self._send(200, self._zonal_operation(project, zone, parts[5]))
+        if method == "POST":
+            self.fake.create_disk(project, zone, body)
+            return self._send(200, self._zonal_operation(project, zone, f"insert-{body['name']}"))
+        if method == "GET":
+            return self._send(200, self.fake.get_disk(project, zone, parts[5]))
+        self.fake.delete_disk(project, zone, parts[5])
+        return self._send(200, self._zonal_operation(project, zone, f"delete-{parts[5]}"))
+
+    @staticmethod
+    def _zonal_operation(project: str, zone: str, name: str) -> dict:
+        payload = {"kind": "compute#operation", "name": name, "zone": zone, "status": "DONE", "progress": 100}
+        COMPUTE.assert_response("Operation", payload)
+        return payload
 
     def _start(self, resource: str, done: bool, waits_for_gone: str | None = None) -> dict:
         location = "/".join(resource.split("/")[:4])

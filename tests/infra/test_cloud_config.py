@@ -34,6 +34,10 @@ def test_every_stack_file_validates(stack):
             {"provisioning": "flex-start", "max_run_duration": "1d", "termination_action": "STOP"},
             "cloud.termination_action = 'STOP': flex-start capacity is returned; allowed: DELETE",
         ),
+        (
+            {"provisioning": "flex-start", "max_run_duration": "5m"},
+            "cloud.max_run_duration = '5m': flex-start runs at least 10 minutes; allowed: 10m to 7d",
+        ),
         ({"max_run_duration": "a week"}, "cloud.max_run_duration = 'a week': not a duration"),
         ({"provisioning": "reserved"}, "cloud.reservation = None: provisioning 'reserved' needs a reservation name"),
         ({"reservation": "pool"}, "cloud.reservation = 'pool': only with provisioning: reserved"),
@@ -181,6 +185,15 @@ def test_tpu_zones_may_span_regions():
                 weights_disk={"type": "pd-ssd"},
             ),
             "cloud.weights_disk.type = 'pd-ssd': G4 attaches Hyperdisk only",
+        ),
+        (
+            spec_raw("tpu-v6e", 4, weights_disk={"type": "pd-balanced"}),
+            "cloud.weights_disk.type = 'pd-balanced': a tpu-v6e VM attaches hyperdisk-balanced as its data disk;"
+            " allowed: hyperdisk-balanced, none",
+        ),
+        (
+            spec_raw("tpu-v6e", 4, weights_disk={"type": "local-ssd"}),
+            "cloud.weights_disk.type = 'local-ssd': a tpu-v6e VM attaches hyperdisk-balanced",
         ),
         (
             spec_raw("a100-80gb", 1, zones=["us-east5-b"], fallback_provisioning=["spot"]),

@@ -713,3 +713,26 @@ def test_a3_ultra_and_a4_declare_their_32_local_ssds_and_gvnic(kind):
     as_declared = [(d.get("interface", "SCSI"), d.get("size", 375)) for d in declared]
     assert as_declared == read_back_scratch_disks(inputs["machineType"], declared)
     assert inputs["networkInterfaces"][0]["nicType"] == "GVNIC"
+
+
+@pytest.mark.parametrize("stack", TPU_STACKS)
+def test_tpu_slices_get_a_hyperdisk_data_disk_sized_from_the_plan(stack_runs, stack):
+    # (checkpoint + engine + caches) x margin, in 10 GB steps; v6e attaches Hyperdisk, no Persistent Disk.
+    from config import TPU_DISK_CACHES_GIB, TPU_DISK_ENGINE_GIB, TPU_DISK_MARGIN
+
+    disk = stack_runs[stack].one(QUEUED).inputs["data_disk"]
+    model = load_stack_spec(stack).model_info
+    needed = (model.checkpoint_bytes / 2**30 + TPU_DISK_ENGINE_GIB + TPU_DISK_CACHES_GIB) * TPU_DISK_MARGIN
+    assert disk["type"] == "hyperdisk-balanced"
+    assert needed <= disk["size_gb"] < needed + 10
+
+
+def test_a_tpu_data_disk_size_or_none_set_in_the_stack_wins():
+    sized = run_program("tpu-v6e1", with_cloud("tpu-v6e1", weights_disk={"size_gb": 300}))
+    assert sized.one(QUEUED).inputs["data_disk"] == {"type": "hyperdisk-balanced", "size_gb": 300}
+    assert (
+        run_program("tpu-v6e1", with_cloud("tpu-v6e1", weights_disk={"type": "none"}))
+        .one(QUEUED)
+        .inputs.get("data_disk")
+        is None
+    )

@@ -95,3 +95,21 @@ def test_a_create_whose_operation_never_finishes_is_adopted(served):
     result = provider_over(fake, api).create(props())
     assert result.outs["zone"] == ZONES[0] and result.outs["state"] == "WAITING_FOR_RESOURCES"
     assert [r.name for r in fake.live()] == [qr_name(ZONES[0])]
+
+
+def test_the_data_disk_over_rest_is_a_compute_disk_attached_and_deleted_with_the_request(served):
+    from tests.infra.test_tpu_queued_resource import DATA_DISK, disk_path
+
+    fake, api = served
+    fake.zones[ZONES[0]] = Zone(capacity_at=fake.clock())
+    provider = provider_over(fake, api)
+    result = provider.create(props(data_disk=DATA_DISK))
+    assert result.outs["state"] == "ACTIVE"
+    disk = api.get_disk(PROJECT, ZONES[0], "gs-tpu-v6e4-tpu-qr-node-data")
+    assert (disk["sizeGb"], disk["type"].rsplit("/", 1)[-1]) == ("130", "hyperdisk-balanced")
+    assert fake.get_node(result.outs["node_name"])["dataDisks"][0]["sourceDisk"] == disk_path(ZONES[0])
+    provider.delete(result.id, result.outs)
+    assert fake.disks == {}
+    with pytest.raises(ApiError) as gone:
+        api.get_disk(PROJECT, ZONES[0], "gs-tpu-v6e4-tpu-qr-node-data")
+    assert gone.value.status == "NOT_FOUND"

@@ -762,3 +762,58 @@ def test_a_transient_refusal_is_retried_in_the_same_zone():
     fake.create_queued_resource = flaky_create
     result = provider(fake).create(props())
     assert (result.outs["zone"], result.outs["state"]) == (ZONES[0], "ACTIVE")
+
+
+# --- the node's data disk (issue 25 finding 4) -----------------------------------------------------
+
+DATA_DISK = {"type": "hyperdisk-balanced", "size_gb": 130}
+
+
+def disk_path(zone: str) -> str:
+    return f"projects/{PROJECT}/zones/{zone}/disks/gs-tpu-v6e4-tpu-qr-node-data"
+
+
+def test_the_data_disk_is_made_where_the_request_lands_and_attached_to_its_node():
+    fake = FakeTpu()
+    fake.zones[ZONES[0]] = Zone(refuse_create=recorded_error("error_resource_exhausted", ZONES[0]))
+    capacity(fake, ZONES[1])
+    p = props(data_disk=DATA_DISK)
+    result = provider(fake).create(p)
+    assert (result.outs["zone"], result.outs["state"]) == (ZONES[1], "ACTIVE")
+    # The zone that refused keeps no disk; the one that took the request has exactly the one attached.
+    assert list(fake.disks) == [disk_path(ZONES[1])]
+    assert fake.disks[disk_path(ZONES[1])]["sizeGb"] == "130"
+    node = fake.get_node(result.outs["node_name"])
+    assert node["dataDisks"] == [{"sourceDisk": disk_path(ZONES[1]), "mode": "READ_WRITE"}]
+    TPU.assert_request("QueuedResource", build_request(p, ZONES[1]))
+    provider(fake).delete(result.id, result.outs)
+    assert fake.live() == [] and fake.disks == {}
+
+
+def test_a_requeue_into_another_zone_moves_the_data_disk_with_it():
+    fake = FakeTpu()
+    p = props(data_disk=DATA_DISK, provisioning="spot")
+    result = active(fake, p)
+    fake.preempt(qr_name(ZONES[0]))
+    fake.zones[ZONES[0]] = Zone(refuse_create=recorded_error("error_resource_exhausted", ZONES[0]))
+    capacity(fake, ZONES[1], at=fake.clock())
+    update = provider(fake).update(result.id, result.outs, p)
+    assert (update.outs["zone"], update.outs["state"]) == (ZONES[1], "ACTIVE")
+    # The first zone's disk went with its request (and stayed gone when that zone refused the re-queue).
+    assert list(fake.disks) == [disk_path(ZONES[1])]
+
+
+def test_a_data_disk_change_of_an_active_slice_is_a_replacement():
+    fake = FakeTpu()
+    p = props(data_disk=DATA_DISK)
+    result = active(fake, p)
+    diff = provider(fake).diff(result.id, result.outs, props(data_disk={**DATA_DISK, "size_gb": 200}))
+    assert diff.replaces == ["data_disk"]
+
+
+def test_the_fake_refuses_a_persistent_disk_on_v6e():
+    fake = FakeTpu()
+    capacity(fake, ZONES[0])
+    with pytest.raises(QueuedResourceFailed) as caught:
+        provider(fake).create(props(data_disk={"type": "pd-balanced", "size_gb": 130}))
+    assert "v6e-4 does not attach pd-balanced" in str(caught.value) and fake.disks == {}
