@@ -2,17 +2,21 @@
 
 A fresh project has none of them on: without this, the first `pulumi up` fails half way (the VPC
 before compute is on, the queued resource before the TPU API and its service agent exist) and leaves
-partial state. Every other component of the program depends on this one (`depends_on`), so nothing
-races the enablement. APIs stay enabled when a stack is destroyed: other stacks of the project may use
+partial state. Every other component of the program depends on this one (`depends_on`), and through it
+on a wait after the enablement (EnablementWait), so nothing races the enablement. APIs stay enabled when a stack is destroyed: other stacks of the project may use
 them.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
+from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider
 
 # What each API is needed for in every stack.
 BASE_APIS = {
@@ -29,6 +33,42 @@ TPU_API = "tpu.googleapis.com"
 STORAGE_API = "storage.googleapis.com"
 
 
+# Enabling an API is eventually consistent: projects.Service returns once Service Usage lists the API as
+# enabled, and calls to it can still get 403 "API has not been used in project ... or it is disabled" for
+# a while after. terraform-provider-google's own guide says there is no way to verify activation and waits
+# a fixed time after the enablement (hashicorp/terraform-provider-google, website/docs/guides/
+# google_project_service.html.markdown, "Newly activated service errors", with the time provider's
+# time_sleep). How long: our choice; the TPU provider also retries SERVICE_DISABLED for longer.
+ENABLEMENT_WAIT_SECONDS = 90
+
+
+class EnablementWaitProvider(ResourceProvider):
+    """time_sleep's create_duration as a dynamic provider: create waits, nothing else ever does.
+
+    Created when the stack first enables its APIs and replaced (so waiting again) when the list grows;
+    a later `up` with the same APIs has no diff and no wait.
+    """
+
+    def __init__(self, sleep: Callable[[float], None] = time.sleep):
+        super().__init__()
+        self.sleep = sleep
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        self.sleep(float(props["seconds"]))
+        return CreateResult(id_="enablement-wait", outs=props)
+
+    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        added = sorted(set(news.get("apis") or []) - set(olds.get("apis") or []))
+        return DiffResult(changes=bool(added), replaces=["apis"] if added else [], delete_before_replace=False)
+
+
+class EnablementWait(Resource, module="gemmaserve", name="EnablementWait"):
+    """Waits ENABLEMENT_WAIT_SECONDS after the APIs it depends on were enabled."""
+
+    def __init__(self, name: str, apis: list[str], seconds: float, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(EnablementWaitProvider(), name, {"apis": sorted(apis), "seconds": seconds}, opts)
+
+
 @dataclass
 class ProjectApisArgs:
     project: str
@@ -36,6 +76,7 @@ class ProjectApisArgs:
     tpu: bool = False
     # A stack whose hosts load weights from a bucket (creating it or only granting its hosts) needs Cloud Storage's API.
     storage: bool = False
+    enablement_wait_seconds: float = ENABLEMENT_WAIT_SECONDS
 
 
 def required_apis(tpu: bool, storage: bool = False) -> dict[str, str]:
@@ -76,4 +117,14 @@ class ProjectApis(pulumi.ComponentResource):
                 service=TPU_API,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.services[TPU_API]]),
             )
+        # Everything that depends on this component depends on its children, this wait included: no resource
+        # is created before the enablement had time to reach the APIs.
+        self.enablement_wait = EnablementWait(
+            f"{name}-enabled",
+            list(self.services),
+            args.enablement_wait_seconds,
+            pulumi.ResourceOptions(
+                parent=self, depends_on=list(self.services.values()) + ([self.tpu_agent] if self.tpu_agent else [])
+            ),
+        )
         self.register_outputs({"apis": list(self.services)})

@@ -128,6 +128,10 @@ PERMISSION_REASONS = frozenset(
         "CONSUMER_SUSPENDED",
     }
 )
+# An API enabled a moment ago answers 403 SERVICE_DISABLED for a while (enablement is eventually
+# consistent; the message says "If you enabled this API recently, wait a few minutes ... and retry"):
+# waited out for this long, then a permission failure like any other.
+ENABLEMENT_RETRY_SECONDS = 600
 TRANSIENT_STATUSES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "ABORTED"})
 TRANSIENT_RETRIES = 2
 _QUOTA = re.compile(r"\bquota\b", re.IGNORECASE)
@@ -141,8 +145,11 @@ def _detail(error: ApiError, kind: str) -> list[dict]:
 
 
 def classify(error: ApiError) -> str:
-    """quota, capacity, permission, not-in-zone, transient or other: from the details, then the status."""
+    """quota, capacity, permission, disabled (the API not on, or not yet), not-in-zone, transient or other:
+    from the details, then the status."""
     reasons = {str(d.get("reason", "")) for d in _detail(error, "ErrorInfo")}
+    if "SERVICE_DISABLED" in reasons:
+        return "disabled"
     if _detail(error, "QuotaFailure") or reasons & QUOTA_REASONS:
         return "quota"
     if reasons & CAPACITY_REASONS:
@@ -488,10 +495,22 @@ class QueuedResourceProvider(ResourceProvider):
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         api = self._api()
-        outs, start = self._adopt(api, props)
+        outs, start = self._until_enabled(lambda: self._adopt(api, props), props["queued_resource_id"])
         if outs is None:
             outs = self._queue(api, props, start, [])
         return CreateResult(id_=props["queued_resource_id"], outs=outs)
+
+    def _until_enabled(self, call: Callable[[], Any], what: str) -> Any:
+        """`call`, again while the API answers SERVICE_DISABLED, up to ENABLEMENT_RETRY_SECONDS."""
+        deadline = self.clock() + ENABLEMENT_RETRY_SECONDS
+        while True:
+            try:
+                return call()
+            except ApiError as error:
+                if classify(error) != "disabled" or self.clock() >= deadline:
+                    raise
+                self._say(f"{what}: the API is not on yet ({error.message[:120]}); waiting for the enablement")
+                self.sleep(self.poll_seconds)
 
     def _adopt(self, api: TpuApi, props: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
         """A request of this name an interrupted run left in any zone: adopt the live one, delete dead ones.
@@ -560,10 +579,13 @@ class QueuedResourceProvider(ResourceProvider):
             name = f"{parent}/queuedResources/{qr_id}"
             self._say(f"{qr_id}: requesting {props['accelerator_type']} ({candidate})")
             error = self._ensure_disk(api, props, candidate.zone) or self._create(api, name, props, candidate)
-            for _ in range(TRANSIENT_RETRIES):
-                if error is None or classify(error) != "transient":
-                    break
-                self._say(f"{qr_id}: {error.status} from the create ({error.message}); retrying")
+            retries, enabled_by = 0, self.clock() + ENABLEMENT_RETRY_SECONDS
+            while error is not None and (
+                (classify(error) == "transient" and retries < TRANSIENT_RETRIES)
+                or (classify(error) == "disabled" and self.clock() < enabled_by)
+            ):
+                retries += classify(error) == "transient"
+                self._say(f"{qr_id}: {error.status} from the create ({error.message[:160]}); retrying")
                 self.sleep(self.poll_seconds)
                 error = self._ensure_disk(api, props, candidate.zone) or self._create(api, name, props, candidate)
             if error is not None:

@@ -71,6 +71,23 @@ def error(status: str, message: str) -> ApiError:
     return ApiError(HTTP_CODES.get(status, 500), status, message)
 
 
+def service_disabled(project: str) -> ApiError:
+    """403 for an API not (yet) on: the ErrorInfo Google sends with it (reason SERVICE_DISABLED, domain
+    googleapis.com, https://cloud.google.com/apis/design/errors#error_info), message as the API writes it."""
+    message = (
+        f"Cloud TPU API has not been used in project {project} before or it is disabled. Enable it by visiting "
+        f"https://console.developers.google.com/apis/api/tpu.googleapis.com/overview?project={project} then retry. "
+        "If you enabled this API recently, wait a few minutes for the action to propagate to our systems and retry."
+    )
+    info = {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": "SERVICE_DISABLED",
+        "domain": "googleapis.com",
+        "metadata": {"service": "tpu.googleapis.com", "consumer": f"projects/{project}"},
+    }
+    return ApiError(403, "PERMISSION_DENIED", message, [info])
+
+
 def rfc3339(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -147,6 +164,9 @@ class FakeTpu:
     refuse_delete: ApiError | None = None
     # This many reads of a queued resource fail with UNAVAILABLE (a flaky network, an API hiccup).
     flaky_gets: int = 0
+    # This many calls (reads and creates) answer 403 SERVICE_DISABLED, as the API does for a while after it
+    # was enabled (enablement is eventually consistent).
+    disabled_calls: int = 0
     # Over HTTP: whether a create's long-running operation ever reports done (False: the wait times out).
     create_operations_finish: bool = True
     records: dict[str, Record] = field(default_factory=dict)
@@ -179,10 +199,16 @@ class FakeTpu:
 
     # --- the API --------------------------------------------------------------------------------
 
+    def _still_disabled(self, project: str) -> None:
+        if self.disabled_calls > 0:
+            self.disabled_calls -= 1
+            raise service_disabled(project)
+
     def create_queued_resource(self, parent: str, queued_resource_id: str, body: dict) -> None:
         with self.lock:
             name = f"{parent}/queuedResources/{queued_resource_id}"
             self.calls.append(("create", name, json.loads(json.dumps(body))))
+            self._still_disabled(parent.split("/")[1])
             zone = parent.split("/")[3]
             self._validate(body, zone)
             self._advance()
@@ -211,6 +237,7 @@ class FakeTpu:
     def get_queued_resource(self, name: str) -> dict:
         with self.lock:
             self.calls.append(("get", name))
+            self._still_disabled(name.split("/")[1])
             if self.flaky_gets > 0:
                 self.flaky_gets -= 1
                 raise ApiError(503, "UNAVAILABLE", "The service is currently unavailable.")

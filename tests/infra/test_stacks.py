@@ -48,6 +48,8 @@ BASE = {
     "gcp:artifactregistry/repository:Repository": 1,
     "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember": 1,
 }
+WAIT = "pulumi-python:dynamic/gemmaserve:EnablementWait"
+BASE[WAIT] = 1  # the wait after the APIs are enabled (issue 25 finding 6)
 # Written out, not derived from the catalog: a wrong catalog entry or lookup must fail here.
 TPU_EXTRA = {"gcp:projects/service:Service": 1, "gcp:projects/serviceIdentity:ServiceIdentity": 1}
 EXPECTED = {
@@ -736,3 +738,28 @@ def test_a_tpu_data_disk_size_or_none_set_in_the_stack_wins():
         .inputs.get("data_disk")
         is None
     )
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_nothing_is_created_before_the_wait_after_api_enablement(stack_runs, stack):
+    # Enabling an API is eventually consistent: every resource outside the enablement waits for the wait,
+    # which waits for every projects.Service (and the TPU service agent).
+    run = stack_runs[stack]
+    wait = run.one(WAIT)
+    enabling = {"gcp:projects/service:Service", "gcp:projects/serviceIdentity:ServiceIdentity", WAIT}
+    assert {r.urn for r in run.resources if r.type in enabling - {WAIT}} <= wait.dependencies
+    early = [r.name for r in run.resources if r.type not in enabling and wait.urn not in r.dependencies]
+    assert early == []
+
+
+def test_the_wait_waits_on_create_and_again_only_when_an_api_is_added():
+    from project_apis import ENABLEMENT_WAIT_SECONDS, EnablementWaitProvider
+
+    slept: list[float] = []
+    provider = EnablementWaitProvider(sleep=slept.append)
+    apis = {"apis": ["compute.googleapis.com"], "seconds": ENABLEMENT_WAIT_SECONDS}
+    provider.create(apis)
+    assert slept == [ENABLEMENT_WAIT_SECONDS]
+    assert provider.diff("w", apis, apis).changes is False
+    more = {**apis, "apis": ["compute.googleapis.com", "tpu.googleapis.com"]}
+    assert provider.diff("w", apis, more).replaces == ["apis"]

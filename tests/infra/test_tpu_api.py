@@ -113,3 +113,16 @@ def test_the_data_disk_over_rest_is_a_compute_disk_attached_and_deleted_with_the
     with pytest.raises(ApiError) as gone:
         api.get_disk(PROJECT, ZONES[0], "gs-tpu-v6e4-tpu-qr-node-data")
     assert gone.value.status == "NOT_FOUND"
+
+
+def test_service_disabled_arrives_with_its_error_info_and_is_waited_out(served):
+    from tpu_queued_resource import classify
+
+    fake, api = served
+    fake.disabled_calls = 1
+    with pytest.raises(ApiError) as caught:
+        api.get_queued_resource(qr_name(ZONES[0]))
+    assert (caught.value.code, classify(caught.value)) == (403, "disabled")
+    fake.disabled_calls = 4
+    fake.zones[ZONES[0]] = Zone(capacity_at=fake.clock())
+    assert provider_over(fake, api).create(props()).outs["state"] == "ACTIVE"

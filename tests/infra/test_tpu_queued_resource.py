@@ -817,3 +817,49 @@ def test_the_fake_refuses_a_persistent_disk_on_v6e():
     with pytest.raises(QueuedResourceFailed) as caught:
         provider(fake).create(props(data_disk={"type": "pd-balanced", "size_gb": 130}))
     assert "v6e-4 does not attach pd-balanced" in str(caught.value) and fake.disks == {}
+
+
+# --- an API enabled a moment ago (issue 25 finding 6) ----------------------------------------------
+
+
+@pytest.mark.parametrize("calls", [1, 3, 8])
+def test_service_disabled_right_after_enablement_is_waited_out(calls):
+    fake = FakeTpu(disabled_calls=calls)
+    capacity(fake, ZONES[0])
+    messages: list[str] = []
+    result = provider(fake, messages).create(props())
+    assert (result.outs["zone"], result.outs["state"]) == (ZONES[0], "ACTIVE")
+    assert fake.created_in() and set(fake.created_in()) == {ZONES[0]}
+    assert [r.name for r in fake.live()] == [qr_name(ZONES[0])]
+    assert any("waiting for the enablement" in m for m in messages)
+
+
+def test_an_api_that_stays_disabled_fails_after_the_enablement_wait_naming_it():
+    from tpu_queued_resource import ENABLEMENT_RETRY_SECONDS
+
+    fake = FakeTpu(disabled_calls=10**6)
+    capacity(fake, ZONES[0])
+    started = fake.clock()
+    with pytest.raises(ApiError) as caught:
+        provider(fake).create(props())
+    assert "Cloud TPU API has not been used" in caught.value.message
+    assert ENABLEMENT_RETRY_SECONDS <= fake.clock() - started <= ENABLEMENT_RETRY_SECONDS + 60
+    assert fake.live() == []
+
+
+def test_a_create_refused_as_service_disabled_is_retried_in_the_same_zone():
+    from tests.infra.fake_tpu import service_disabled
+
+    fake = FakeTpu()
+    capacity(fake, ZONES[0])
+    create, refusals = fake.create_queued_resource, iter(range(2))
+
+    def disabled_twice(parent, queued_resource_id, body):
+        if next(refusals, None) is not None:
+            raise service_disabled(PROJECT)
+        create(parent, queued_resource_id, body)
+
+    fake.create_queued_resource = disabled_twice
+    result = provider(fake).create(props())
+    assert (result.outs["zone"], result.outs["state"]) == (ZONES[0], "ACTIVE")
+    assert [r.name for r in fake.live()] == [qr_name(ZONES[0])]
