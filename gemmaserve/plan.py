@@ -249,10 +249,23 @@ class ReplicaPlan:
         return f"{self.url}/health"
 
 
+# What one client address may hold on the router port, counted by HAProxy before TLS (docs/security.md):
+# connections HAProxy's whole process takes (global maxconn), those the serving port takes (its frontend's
+# maxconn: the rest stay free for the stats listener Prometheus scrapes and the admin socket), those one
+# source address may hold open and open per 10 s (past either its new connections are closed unanswered),
+# and the seconds a client has to finish its TLS handshake. Behind the regional Application Load Balancer each
+# of its proxies is one source, held to the same limits as a client.
+HAPROXY_MAX_CONNECTIONS = 8192
+SERVING_MAX_CONNECTIONS = 8000
+SOURCE_MAX_CONNECTIONS = 1000
+SOURCE_CONNECTIONS_PER_10S = 1000
+TLS_HANDSHAKE_SECONDS = 30
+
+
 @dataclass(frozen=True)
 class AccessPlan:
     """Who may call the router port: the key store HAProxy's key map is built from, the certificate it
-    serves, the per-key limits, and the routes it passes on."""
+    serves, the per-key limits, the routes it passes on, and the connection limits per client address."""
 
     key_store: str
     key_secret: str | None
@@ -263,6 +276,23 @@ class AccessPlan:
     requests_per_minute: int
     routes: tuple[tuple[str, str], ...] = CLIENT_ROUTES
     health_path: str = HEALTH_PATH
+    max_connections: int = HAPROXY_MAX_CONNECTIONS
+    serving_max_connections: int = SERVING_MAX_CONNECTIONS
+    source_max_connections: int = SOURCE_MAX_CONNECTIONS
+    source_connections_per_10s: int = SOURCE_CONNECTIONS_PER_10S
+    handshake_seconds: int = TLS_HANDSHAKE_SECONDS
+
+    def __post_init__(self) -> None:
+        # One source below the serving port's share, which is below HAProxy's whole: neither one client nor
+        # the serving port alone can take the last connection the stats listener needs.
+        limits = (self.source_max_connections, self.serving_max_connections, self.max_connections)
+        if not 1 <= limits[0] <= limits[1] < limits[2] <= 1_000_000:
+            raise ValueError(f"connection limits per source <= serving port < HAProxy's (<= 1e6), got {limits}")
+        if not 1 <= self.source_connections_per_10s <= 1_000_000 or not 1 <= self.handshake_seconds <= 300:
+            raise ValueError(
+                f"connections per source per 10 s 1..1e6 and handshake 1..300 s, got "
+                f"{self.source_connections_per_10s}, {self.handshake_seconds}"
+            )
 
     @property
     def rate_retry_after(self) -> int:
