@@ -841,6 +841,11 @@ def container_devices(spec: Spec, devices: list[int]) -> list[str]:
         return [f"nvidia.com/gpu={d}" for d in devices]
     if vendor == "amd":
         return list(AMD_CONTAINER_DEVICES)
+    if vendor == "google":
+        # v5e, v6e and v7 chips are VFIO devices: the container node /dev/vfio/vfio and one IOMMU group per
+        # chip, numbered as the chips (a v6e-8 VM: /dev/vfio/0..7, github.com/pytorch/xla/issues/9753); only
+        # v4 and older used /dev/accelN (gVisor's TPU support reads both: gvisor.dev/docs/user_guide/tpu/).
+        return ["/dev/vfio/vfio", *(f"/dev/vfio/{d}" for d in devices)]
     return []
 
 

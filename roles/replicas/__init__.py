@@ -162,9 +162,6 @@ def container_flags(serving: Plan) -> list[str]:
         "-v /etc/gemmaserve:/etc/gemmaserve:ro",
         f"-v {LIB_DIR}:{LIB_DIR}:ro",
     ]
-    if vendor == "google":
-        # vLLM's TPU containers need the chips (privileged) and the host's /dev/shm for the XLA cache (https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html).
-        return [*flags, "--privileged", "-v /dev/shm:/dev/shm"]
     # The host's user database names the gemmaserve user inside the container, so its files on the
     # host's volumes keep one owner in both engines.
     confined = [
@@ -175,6 +172,13 @@ def container_flags(serving: Plan) -> list[str]:
         "--security-opt=no-new-privileges",
         "--read-only",
     ]
+    if vendor == "google":
+        # vLLM's recipe runs TPU containers --privileged (https://docs.vllm.ai/projects/recipes/en/latest/Google/Gemma4.html);
+        # what they need of it is the chips (each replica's --device list: the plan's container_devices), memory
+        # they may pin for DMA (vfio_pin_pages_remote counts it against RLIMIT_MEMLOCK, as the unit's own
+        # LimitMEMLOCK) and the host's /dev/shm for the XLA cache. Confined like the other vendors: the gemmaserve
+        # user opens the chips here as it does under the wheel engine's unit (User=gemmaserve), with no capability.
+        return [*flags, *confined, "--ulimit=memlock=-1:-1", "-v /dev/shm:/dev/shm"]
     if vendor == "amd":
         # ROCm's device nodes belong to the video and render groups (the rocm role makes gemmaserve a member
         # of both, which the mounted /etc/group carries in); no seccomp filter for its kernel driver's
