@@ -832,7 +832,7 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
 
 def container_devices(spec: Spec, devices: list[int]) -> list[str]:
     """`podman run --device` values for one replica: NVIDIA GPUs by CDI name, one per GPU (never a
-    comma list a CLI could split), ROCm's device trees, none for TPU (privileged) and CPU."""
+    comma list a CLI could split), ROCm's device trees, a TPU replica's chips, none for CPU."""
     if spec.engine.kind != "container":
         return []
     vendor = spec.accelerator_info.vendor
