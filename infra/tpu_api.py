@@ -66,12 +66,14 @@ def api_error(http_error) -> ApiError:
 
 
 class GoogleTpuApi:
-    """TpuApi over the discovery client. `endpoint` points it elsewhere (a local fake in the tests)."""
+    """TpuApi over the discovery client. `endpoint` (the TPU API's root) and `compute_endpoint` (compute
+    v1's base, .../compute/v1/) point it elsewhere: a private endpoint, or a local fake in the tests."""
 
     def __init__(
         self,
         credentials=None,
         endpoint: str | None = None,
+        compute_endpoint: str | None = None,
         operation_timeout: float = 600,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -89,7 +91,8 @@ class GoogleTpuApi:
         )
         self._locations = self._service.projects().locations()
         # Compute's paths carry their own prefix (servicePath compute/v1/), which an endpoint override replaces.
-        compute_options = {"api_endpoint": endpoint.rstrip("/") + "/compute/v1/"} if endpoint else None
+        compute_endpoint = compute_endpoint or (endpoint.rstrip("/") + "/compute/v1/" if endpoint else None)
+        compute_options = {"api_endpoint": compute_endpoint} if compute_endpoint else None
         self._compute = build(
             "compute",
             "v1",

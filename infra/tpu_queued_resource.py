@@ -473,12 +473,23 @@ class QueuedResourceProvider(ResourceProvider):
         self.sleep = sleep
         self.clock = clock
         self.auth = None
+        self.endpoints: tuple[str | None, str | None] = (None, None)
 
     def configure(self, req: ConfigureRequest) -> None:
-        """Take the gcp provider's credentials settings from the stack config (dynamic providers get it here)."""
+        """Take the gcp provider's settings from the stack config: credentials, and the TPU and Compute
+        endpoints when the stack points the gcp provider elsewhere (gcp:tpuV2CustomEndpoint,
+        gcp:computeCustomEndpoint). The engine hands a dynamic provider the whole stack config, keys with
+        their namespace (pulumi/pulumi v3.259.0 pkg/resource/deploy/target.go, GetPackageConfig)."""
         from gcp_credentials import gcp_auth
 
         self.auth = gcp_auth(req.config.get, os.environ)
+        tpu = req.config.get("gcp:tpuV2CustomEndpoint")
+        # The gcp provider's TPU endpoint names its version (https://tpu.googleapis.com/v2/); the adapter
+        # speaks v2alpha1 and adds the version itself, so only the root is kept.
+        self.endpoints = (
+            re.sub(r"v2[a-z0-9]*/?$", "", tpu) if tpu else None,
+            req.config.get("gcp:computeCustomEndpoint"),
+        )
 
     def _api(self) -> TpuApi:
         if self.api_factory:
@@ -486,7 +497,8 @@ class QueuedResourceProvider(ResourceProvider):
         from gcp_credentials import credentials_for, gcp_auth
 
         auth = self.auth or gcp_auth(lambda _key: None, os.environ)
-        return GoogleTpuApi(credentials=credentials_for(auth))
+        tpu, compute = getattr(self, "endpoints", (None, None))
+        return GoogleTpuApi(credentials=credentials_for(auth), endpoint=tpu, compute_endpoint=compute)
 
     def _say(self, message: str) -> None:
         (self.progress or _report)(message)
