@@ -209,3 +209,14 @@ def test_started_from_the_project_root_the_provider_does_not_load(served_fake, t
         with pytest.raises(grpc.RpcError) as caught:
             server.Create(provider_pb2.CreateRequest(urn=URN, properties=struct(inputs)), timeout=CALL_TIMEOUT)
     assert "No module named 'tpu_queued_resource'" in caught.value.details()
+
+
+def test_the_enablement_wait_loads_and_runs_there_too(tmp_path):
+    from project_apis import EnablementWaitProvider
+
+    pwd, env, python = engine_launch()
+    inputs = {"apis": ["tpu.googleapis.com"], "seconds": 0, PROVIDER_KEY: serialize_provider(EnablementWaitProvider())}
+    with dynamic_provider_server(pwd, env, python, tmp_path / "server.log") as server:
+        server.Configure(provider_pb2.ConfigureRequest(args=struct({"gcp:project": PROJECT})), timeout=CALL_TIMEOUT)
+        created = server.Create(provider_pb2.CreateRequest(urn=URN, properties=struct(inputs)), timeout=CALL_TIMEOUT)
+        assert plain(created.properties)["apis"] == ["tpu.googleapis.com"]
