@@ -239,6 +239,16 @@ def driver_units(serving: Plan) -> dict[str, list[str]]:
     return {"after": [devices, *daemons], "requires": [devices], "wants": daemons}
 
 
+def replica_needs_no_metadata(serving: Plan) -> bool:
+    """Whether vLLM can run with the metadata server out of reach: not where it streams its weights from the
+    bucket itself (the Run:ai streamer takes the host account's token from it), nor on TPU (vLLM reads the
+    chips' topology from its tpu-env attribute: github.com/vllm-project/vllm/issues/9538), nor where it
+    downloads from the Hugging Face hub (a Debian VM on Google Cloud resolves names through the same address,
+    169.254.169.254: cloud.google.com/compute/docs/internal-dns). Weights pulled by the weights unit, or a
+    local directory, leave vLLM offline (HF_HUB_OFFLINE)."""
+    return serving.weights.mode in ("pull", "local") and serving.accelerator.vendor != "google"
+
+
 def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
     """Everything vllm@.service.j2 is rendered with."""
     fetch_unit = "gemmaserve-hf-token.service" if serving.spec.secret and serving.spec.secret.secret_manager else None
@@ -261,6 +271,7 @@ def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
         # TPU chips are VFIO devices whose DMA buffers are pinned against RLIMIT_MEMLOCK (the kernel's
         # vfio_pin_pages_remote refuses past it); systemd's default is a few MiB.
         "memlock": "infinity" if serving.accelerator.vendor == "google" else None,
+        "deny_metadata": replica_needs_no_metadata(serving),
         "state_dir": STATE_DIR,
         "haproxy_admin": HAPROXY_ADMIN,
         "shutdown_timeout": shutdown,
