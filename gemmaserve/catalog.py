@@ -271,6 +271,8 @@ class Accelerator:
     # CPU 2048/128; TPU v6e 1024, v5e 512 tokens).
     default_max_num_batched_tokens: int = 2048
     default_max_num_seqs: int = 256
+    # NVIDIA compute capability as major*10+minor (vLLM's get_min_capability scale), None elsewhere.
+    compute_capability: int | None = None
 
     @property
     def is_tpu(self) -> bool:
@@ -322,10 +324,13 @@ def _a2(prefix: str, counts: tuple[int, ...]) -> tuple[GcpMachineType, ...]:
 #   g2-standard-{4..32}/24/48/96 for 1/2/4/8 L4). AMD Instinct is not sold on Google Cloud: bare metal.
 # - TPU types and runtimes: cloud.google.com/tpu/docs/runtimes (v2-alpha-tpuv6e for Trillium,
 #   v2-alpha-tpuv5-lite for v5e, the tpu7x Ironwood runtime) and https://dev.to/gde/debugging-deployments-with-gemma-2b-tpu-v6e-4-mcp-and-antigravity-cli-539h (v6e-4, TP = chip count).
+# - Compute capability: https://developer.nvidia.com/cuda-gpus (A100 8.0, L4 8.9, H100/H200 9.0, B200 10.0,
+#   RTX PRO 6000 Blackwell Server Edition 12.0); it decides which quantized kernels vLLM can run.
 ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
         name="a100-40gb",
         vendor="nvidia",
+        compute_capability=80,
         memory_gib=39.39,
         interconnect="nvswitch",
         max_devices_per_host=16,
@@ -334,6 +339,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
         name="a100-80gb",
         vendor="nvidia",
+        compute_capability=80,
         memory_gib=79.25,
         interconnect="nvswitch",
         max_devices_per_host=8,
@@ -342,6 +348,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
         name="h100-80gb",
         vendor="nvidia",
+        compute_capability=90,
         memory_gib=79.19,
         interconnect="nvswitch",
         max_devices_per_host=8,
@@ -352,6 +359,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
         name="h200",
         vendor="nvidia",
+        compute_capability=90,
         memory_gib=139.81,
         interconnect="nvswitch",
         max_devices_per_host=8,
@@ -362,6 +370,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
         name="b200",
         vendor="nvidia",
+        compute_capability=100,
         memory_gib=178.35,
         interconnect="nvswitch",
         max_devices_per_host=8,
@@ -372,6 +381,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
         name="rtx-pro-6000",
         vendor="nvidia",
+        compute_capability=120,
         memory_gib=94.97,
         interconnect="pcie",
         max_devices_per_host=8,
@@ -384,6 +394,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
         name="l4",
         vendor="nvidia",
+        compute_capability=89,
         memory_gib=22.05,
         interconnect="pcie",
         max_devices_per_host=8,

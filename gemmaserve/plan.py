@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from gemmaserve import engines
 from gemmaserve.catalog import Accelerator, GiB, ModelInfo
+from gemmaserve.checkpoint import Adapter, Quantization
 from gemmaserve.kv_cache import (
     CUDAGRAPH_GIB,
     DEFAULT_BLOCK_SIZE,
@@ -56,6 +57,37 @@ GEMMA4_DEFAULT_IMAGE_TOKENS = 280
 # utilization 0.4, 18,523 16-token blocks): 4 x 31.25 x 0.4 GiB - 18,523 x 1,179,648 B of KV - 9.54 GiB
 # of weights leaves 5.027 GiB per chip. One data point; see the README.
 TPU_RUNTIME_GIB = 5.0267
+
+
+# vLLM's LoRAConfig.max_lora_rank takes one of these (vllm/config/lora.py MaxLoRARanks, v0.32.0).
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# The quantization methods vLLM 0.32.0 runs on ROCm (vllm/platforms/rocm.py ROCmPlatform.supported_quantization;
+# CUDA's list is empty: every method, each config class then checks the GPU's compute capability).
+ROCM_QUANTIZATION = (
+    "awq",
+    "auto_awq",
+    "awq_marlin",
+    "gptq",
+    "auto_gptq",
+    "fp8",
+    "deepseek_v4_fp8",
+    "compressed-tensors",
+    "fbgemm_fp8",
+    "inc",
+    "quark",
+    "mxfp4",
+    "mxfp8",
+    "torchao",
+    "modelopt",
+    "modelopt_fp4",
+    "modelopt_mxfp8",
+    "modelopt_mixed",
+    "fp8_per_tensor",
+    "fp8_per_block",
+    "fp8_per_channel",
+    "online",
+    "gpt_oss_mxfp4",
+)
 
 
 # Where gemmaserve-hf-token.service writes the token fetched from Secret Manager (tmpfs, 0400).
@@ -375,6 +407,9 @@ class Plan:
     replicas: list[ReplicaPlan] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
+    # What config.json's quantization_config says vLLM loads (None: unquantized or a catalog model).
+    quantization: Quantization | None = None
+    adapters: tuple[Adapter, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -432,6 +467,8 @@ class Plan:
                 }
                 for r in self.replicas
             ],
+            "quantization": self.quantization.method if self.quantization else None,
+            "lora_adapters": [a.name for a in self.adapters],
             "weights": {
                 "mode": self.weights.mode,
                 "revision": self.weights.revision,
@@ -711,6 +748,9 @@ def cache_key(spec: Spec, tp: int) -> str:
         "eager": wl.enforce_eager,
         "padding_gap": TPU_BUCKET_PADDING_GAP if spec.accelerator_info.is_tpu else None,
     }
+    if spec.serving.lora_adapters:
+        # LoRA layers change the compiled graphs; without adapters the key stays what it always was.
+        inputs["lora"] = [len(spec.serving.lora_adapters), _max_lora_rank(spec.adapters)]
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
     return f"{spec.model_info.aliases[0]}-tp{tp}-v{spec.vllm_version}-{digest}"
 
@@ -783,9 +823,71 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
         # On SIGTERM vLLM aborts in-flight requests unless given time to finish them (vLLM >= 0.18:
         # https://github.com/vllm-project/vllm/pull/36666); the unit drains the replica in HAProxy first.
         argv += ["--shutdown-timeout", str(spec.serving.shutdown_timeout)]
+    argv += _lora_argv(spec.adapters)
     argv += list(wl.extra_args)
     argv += ["--host", spec.serving.bind_address, "--port", str(port)]
     return argv
+
+
+def _max_lora_rank(adapters: tuple[Adapter, ...]) -> int:
+    """The smallest rank vLLM accepts that holds every adapter (PEFTHelper.validate_legal: r <= max_lora_rank)."""
+    rank = max((a.rank for a in adapters), default=0)
+    return next((r for r in MAX_LORA_RANKS if r >= rank), rank)
+
+
+def adapter_path(adapter: Adapter) -> str:
+    """What --lora-modules gets: a directory, the pinned snapshot in the replicas' HF cache, or the hub id
+    (vLLM's get_adapter_absolute_path downloads an id it does not find, vllm/lora/utils.py v0.32.0)."""
+    if adapter.source.startswith("/"):
+        return adapter.source
+    if adapter.revision:
+        owner, name = adapter.source.split("/")
+        return f"{HF_HOME}/hub/models--{owner}--{name}/snapshots/{adapter.revision}"
+    return adapter.source
+
+
+def _lora_argv(adapters: tuple[Adapter, ...]) -> list[str]:
+    """Adapters loaded at start, one slot each in a batch (--max-loras), each its own model name."""
+    if not adapters:
+        return []
+    return [
+        "--enable-lora",
+        "--max-loras",
+        str(len(adapters)),
+        "--max-lora-rank",
+        str(_max_lora_rank(adapters)),
+        "--lora-modules",
+        *(f"{a.name}={adapter_path(a)}" for a in adapters),
+    ]
+
+
+def _quantization_problems(spec: Spec, quantization: Quantization | None, warnings: list[str]) -> list[str]:
+    """Refusals for a quantized checkpoint the accelerator or engine cannot run, each with its source."""
+    if quantization is None:
+        return []
+    acc, what = spec.accelerator_info, f"{spec.model} is quantized {quantization.describe()}"
+    if acc.vendor == "nvidia" and acc.compute_capability is not None:
+        cc = acc.compute_capability
+        if cc < quantization.min_capability:
+            return [
+                f"{what}: vLLM needs compute capability >= {quantization.min_capability / 10:g}, {acc.name} has "
+                f"{cc / 10:g} ({quantization.source})"
+            ]
+        if cc < quantization.native_capability:
+            warnings.append(
+                f"{what}: {acc.name} (compute capability {cc / 10:g}) runs it with weight-only kernels, activations "
+                f"in 16 bits; native from {quantization.native_capability / 10:g} ({quantization.source})"
+            )
+    elif acc.vendor == "amd" and quantization.method not in ROCM_QUANTIZATION:
+        return [f"{what}: vLLM's ROCm platform does not run {quantization.method} (vllm/platforms/rocm.py, v0.32.0)"]
+    elif acc.is_tpu:
+        return [
+            f"{what}: gemmaserve has not checked tpu-inference's quantization support against its source; "
+            "allowed on TPU: an unquantized (BF16) checkpoint"
+        ]
+    elif acc.is_cpu:
+        warnings.append(f"{what}: whether vLLM's CPU build has kernels for it is not checked by gemmaserve")
+    return []
 
 
 def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]:
@@ -796,7 +898,7 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
     if spec.secret is not None and not from_bucket:
         # The token is a systemd credential on tmpfs; only its path is in the environment.
         env["HF_TOKEN_PATH"] = f"/run/credentials/vllm@{index}.service/hf-token"
-    if spec.model_info.is_test_model or from_bucket:
+    if spec.model_info.local_dir or from_bucket:
         env["HF_HUB_OFFLINE"] = "1"  # a local directory or the mirror; never reach for a hub
     if acc.is_tpu:
         env["VLLM_TPU_BUCKET_PADDING_GAP"] = str(TPU_BUCKET_PADDING_GAP)
@@ -872,7 +974,29 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
         index_urls=engines.index_urls(acc.vendor, spec.vllm_version),
         chat_template_sha256=pin.chat_template_sha256 if pin else "",
     )
-    result = Plan(spec=spec, model=model, accelerator=acc, engine=engine, weights=WeightsPlan.of(spec))
+    checkpoint, adapters = spec.checkpoint, spec.adapters
+    result = Plan(
+        spec=spec,
+        model=model,
+        accelerator=acc,
+        engine=engine,
+        weights=WeightsPlan.of(spec),
+        quantization=checkpoint.quantization if checkpoint else None,
+        adapters=adapters,
+    )
+    result.refusals += _quantization_problems(spec, result.quantization, result.warnings)
+    if adapters and _max_lora_rank(adapters) > MAX_LORA_RANKS[-1]:
+        result.refusals.append(
+            f"LoRA rank {max(a.rank for a in adapters)} is above vLLM's largest max_lora_rank {MAX_LORA_RANKS[-1]} "
+            "(vllm/config/lora.py MaxLoRARanks, v0.32.0)"
+        )
+    if adapters:
+        result.warnings.append(
+            f"{len(adapters)} LoRA adapter(s) served: the memory vLLM reserves for LoRA slots is not counted in "
+            "the KV-cache estimate"
+        )
+    if result.refusals:
+        return result
     if spec.transformers_version is None:
         result.warnings.append(
             f"transformers is not pinned: gemmaserve has no resolver-checked pair for {engine.package} "

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gemmaserve.catalog import CATALOG, Accelerator, ModelInfo
+from gemmaserve.checkpoint import HUB_REPO, Adapter, Checkpoint, CheckpointError, load_adapter, load_checkpoint
 from gemmaserve.engines import ENGINE_PINS, pin_for, transformers_allowed
 from gemmaserve.vllm_releases import UnknownRelease, vllm_release
 
@@ -362,6 +363,40 @@ class Tls(SecretSource):
         return data
 
 
+class LoraAdapter(Strict):
+    """A LoRA adapter served as its own model name (vLLM's --lora-modules NAME=PATH)."""
+
+    name: str = Field(description="The model name clients ask for.")
+    source: str = Field(description="Hugging Face id OWNER/NAME or an absolute directory holding adapter_config.json.")
+    revision: str | None = Field(None, description="The adapter's commit sha (40 hex), hub adapters only.")
+
+    @field_validator("name")
+    @classmethod
+    def _served_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", value):
+            raise ValueError("allowed: 1-64 of A-Z, a-z, 0-9, '.', '_' and '-', starting with a letter or digit")
+        return value
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        return _checkpoint_name(value, "a Hugging Face id OWNER/NAME or an absolute directory")
+
+    @field_validator("revision")
+    @classmethod
+    def _pinned_revision(cls, value: str | None) -> str | None:
+        if value is not None and not _COMMIT.fullmatch(value):
+            raise ValueError("must be a commit sha (40 hex digits), not a branch or tag")
+        return value
+
+
+def _checkpoint_name(value: str, allowed: str) -> str:
+    """A hub repository id or an absolute directory (a HostPath), else "allowed: ..."."""
+    if HUB_REPO.fullmatch(value) or re.fullmatch(r"(?=.{2,4095}$)(/(?!\.\.?(/|$))[A-Za-z0-9._-]+)+", value):
+        return value
+    raise ValueError(f"allowed: {allowed}")
+
+
 class Serving(Strict):
     base_port: int = Field(8000, ge=1024, le=65000)
     replicas: Literal["auto"] | int = Field("auto", description="'auto' or 1..16")
@@ -386,6 +421,17 @@ class Serving(Strict):
     routing: Literal["prefix-affinity", "least-outstanding"] = Field(
         "prefix-affinity", description="prefix-affinity (cache-affine, bounded load) or least-outstanding."
     )
+    # Each adapter is served under its own name next to the base model (docs/checkpoints.md). Adapters are
+    # loaded at start only: runtime loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING) is never enabled.
+    lora_adapters: tuple[LoraAdapter, ...] = Field((), description="LoRA adapters: [{name, source, revision}].")
+
+    @field_validator("lora_adapters")
+    @classmethod
+    def _unique_names(cls, value: tuple[LoraAdapter, ...]) -> tuple[LoraAdapter, ...]:
+        names = [a.name for a in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapter names repeat ({', '.join(names)}); allowed: each name once")
+        return value
 
     @field_validator("replicas")
     @classmethod
@@ -457,7 +503,10 @@ class Weights(Strict):
 
 
 class Spec(Strict):
-    model: str = Field(description="Catalog alias (e2b, e4b, 31b, 26b-a4b) or Hugging Face id.")
+    model: str = Field(
+        description="Catalog alias (e2b, e4b, 31b, 26b-a4b), any Gemma 4 checkpoint's Hugging Face id, or an absolute "
+        "directory (docs/checkpoints.md)."
+    )
     accelerator: AcceleratorSpec
     workload: Workload = Workload()
     engine: Engine = Engine()
@@ -471,11 +520,30 @@ class Spec(Strict):
         try:
             return CATALOG.model(value).hf_id
         except KeyError:
-            raise ValueError(f"unknown model; allowed: {', '.join(CATALOG.model_names())}") from None
+            pass
+        return _checkpoint_name(
+            value,
+            f"{', '.join(CATALOG.model_names())}, a Gemma 4 checkpoint's Hugging Face id OWNER/NAME, or an absolute "
+            "directory holding its config.json",
+        )
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The checkpoint read from its own files (config.json, weight index), or None for a catalog model."""
+        try:
+            CATALOG.model(self.model)
+            return None
+        except KeyError:
+            return load_checkpoint(self.model, self.weights.revision)
 
     @property
     def model_info(self) -> ModelInfo:
-        return CATALOG.model(self.model)
+        checkpoint = self.checkpoint
+        return checkpoint.info if checkpoint else CATALOG.model(self.model)
+
+    @property
+    def adapters(self) -> tuple[Adapter, ...]:
+        return tuple(load_adapter(a.name, a.source, a.revision) for a in self.serving.lora_adapters)
 
     @property
     def accelerator_info(self) -> Accelerator:
@@ -505,8 +573,19 @@ class Spec(Strict):
     @model_validator(mode="after")
     def _fits_together(self) -> Spec:
         """Cross-field rules; each problem names its field."""
-        model, acc, wl = self.model_info, self.accelerator_info, self.workload
+        try:
+            model = self.model_info
+        except CheckpointError as error:
+            raise SpecError([f"model = {self.model!r}: {error}"]) from None
         problems: list[tuple[str, Any, str]] = []
+        for index, adapter in enumerate(self.serving.lora_adapters):
+            try:
+                load_adapter(adapter.name, adapter.source, adapter.revision)
+            except CheckpointError as error:
+                problems.append((f"serving.lora_adapters[{index}].source", adapter.source, str(error)))
+            if adapter.name in (self.model, model.hf_id):
+                problems.append((f"serving.lora_adapters[{index}].name", adapter.name, "must differ from the model's"))
+        acc, wl = self.accelerator_info, self.workload
         if wl.max_model_len is not None and wl.max_model_len > model.max_context:
             problems.append(
                 ("workload.max_model_len", wl.max_model_len, f"{model.hf_id} allows at most {model.max_context}")

@@ -85,7 +85,13 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def plan_command(
     stack: str | None = typer.Option(None, "--stack", help="Read Pulumi.STACK.yaml."),
     project_dir: Path = typer.Option(Path("."), "--project-dir", help="Where the Pulumi.*.yaml files are."),
-    model: str | None = typer.Option(None, "--model", help="e2b, e4b, 31b, 26b-a4b or a Hugging Face id."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help="e2b, e4b, 31b, 26b-a4b, any Gemma 4 checkpoint's Hugging Face id (read from the local HF cache) or a "
+        "directory.",
+    ),
+    revision: str | None = typer.Option(None, "--revision", help="The checkpoint's commit sha (weights.revision)."),
     accelerator: str | None = typer.Option(None, "--accelerator", help="Accelerator kind, e.g. rtx-pro-6000, tpu-v6e."),
     count: int | None = typer.Option(None, "--count", help="Devices per host."),
     max_model_len: int | None = typer.Option(None, "--max-model-len"),
@@ -111,6 +117,8 @@ def plan_command(
     )
     if vllm_version:
         flags["engine"] = {"vllm_version": vllm_version}
+    if revision:
+        flags["weights"] = {"revision": revision}
     try:
         if stack:
             # Secrets as the stack names them (gs-STACK-NAME), as its hosts and its `plan` output see them.
@@ -193,6 +201,13 @@ def _print_plan(result) -> None:
         + (f" (revision {weights.revision})" if weights.revision else ""),
     }[weights.mode]
     console.print(f"[bold]weights[/bold]: {where}", markup=True, highlight=False)
+    if result.quantization:
+        q = result.quantization
+        console.print(f"quantization: {q.describe()}, detected by vLLM from config.json", markup=False, highlight=False)
+    for adapter in result.adapters:
+        console.print(
+            f"LoRA adapter: {adapter.name} (rank {adapter.rank}, from {adapter.source})", markup=False, highlight=False
+        )
     if result.replicas:
         console.print(f"[bold]routing[/bold]: {result.routing.describe()}", markup=True, highlight=False)
     for warning in result.warnings:

@@ -11,7 +11,18 @@ import pytest
 from gemmaserve.engines import ENGINE_PINS
 
 ROOT = Path(__file__).resolve().parents[2]
-JSON_KEYS = {"model", "accelerator", "count", "engine", "routing", "replicas", "weights", "warnings"}
+JSON_KEYS = {
+    "model",
+    "accelerator",
+    "count",
+    "engine",
+    "routing",
+    "replicas",
+    "quantization",
+    "lora_adapters",
+    "weights",
+    "warnings",
+}
 ENGINE_KEYS = {
     "kind",
     "package",

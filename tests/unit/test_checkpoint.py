@@ -1,0 +1,391 @@
+"""Any Gemma 4 checkpoint planned from its own files: config.json, weight bytes, quantization_config, LoRA adapters.
+
+Fixtures under checkpoints/ (their sources in checkpoints/README.md). Hub checkpoints are read from a Hugging Face
+cache laid out in a temporary HF_HOME, as huggingface_hub writes it; nothing here reaches a network.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from dataclasses import replace
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+
+from gemmaserve.catalog import CATALOG
+from gemmaserve.checkpoint import (
+    CheckpointError,
+    CheckpointRef,
+    architecture,
+    load_checkpoint,
+    parse_quantization,
+    same_architecture,
+)
+from gemmaserve.plan import plan
+from gemmaserve.spec import SpecError, parse_spec
+
+FIXTURES = Path(__file__).parent / "checkpoints"
+STOCK = {
+    "e2b": "gemma-4-E2B-it",
+    "e4b": "gemma-4-E4B-it",
+    "31b": "gemma-4-31B-it",
+    "26b-a4b": "gemma-4-26B-A4B-it",
+}
+
+
+def stock_config(alias: str) -> dict:
+    return json.loads((FIXTURES / "configs" / f"{STOCK[alias]}.json").read_text())
+
+
+def write_safetensors_header(path: Path, tensor_bytes: list[int]) -> None:
+    """A model.safetensors whose header declares tensors of these sizes; the data is never read, so none is written."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for i, size in enumerate(tensor_bytes):
+        header[f"t{i}"] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+
+
+def checkpoint_dir(root: Path, config: dict, total_bytes: int, single_file: bool = False) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(config))
+    if single_file:
+        write_safetensors_header(root / "model.safetensors", [total_bytes // 2, total_bytes - total_bytes // 2])
+    else:
+        index = {
+            "metadata": {"total_size": total_bytes},
+            "weight_map": {"model.norm.weight": "model-00001.safetensors"},
+        }
+        (root / "model.safetensors.index.json").write_text(json.dumps(index))
+    return root
+
+
+def fine_tune_of(alias: str, root: Path) -> Path:
+    base = CATALOG.model(alias)
+    # E2B and E4B ship one model.safetensors (no index): their bytes come from the file's header.
+    return checkpoint_dir(root, stock_config(alias), base.checkpoint_bytes, single_file=alias in ("e2b", "e4b"))
+
+
+def hub_cache(hf_home: Path, repo: str, files: dict[str, str], commit: str = "a" * 40) -> None:
+    """The cache layout huggingface_hub writes: snapshots/<commit>/<file> and refs/main naming the commit."""
+    repo_dir = hf_home / "hub" / f"models--{repo.replace('/', '--')}"
+    snapshot = repo_dir / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name, text in files.items():
+        (snapshot / name).write_text(text)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(commit)
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    load_checkpoint.cache_clear()
+    yield
+    load_checkpoint.cache_clear()
+
+
+# --- the catalog is the oracle of config.json parsing, and config.json of the catalog ----------------------------
+
+
+@pytest.mark.parametrize("alias", list(STOCK))
+def test_published_config_gives_the_catalog_architecture(alias: str) -> None:
+    info = CATALOG.model(alias)
+    fields = architecture(stock_config(alias), CheckpointRef(info.hf_id))
+    assert fields == {f: getattr(info, f) for f in fields}
+
+
+@pytest.mark.parametrize("alias", list(STOCK))
+def test_fine_tune_dir_is_read_as_its_base(alias: str, tmp_path: Path) -> None:
+    root = fine_tune_of(alias, tmp_path / f"my-{alias}-ft")
+    checkpoint = load_checkpoint(str(root))
+    base = CATALOG.model(alias)
+    assert checkpoint.base == base and checkpoint.quantization is None
+    assert same_architecture(checkpoint.info, base)
+    assert checkpoint.info.checkpoint_bytes == base.checkpoint_bytes
+    assert checkpoint.info.vision_tower_bytes == base.vision_tower_bytes
+    assert checkpoint.info.mtp_assistant == base.mtp_assistant
+    assert checkpoint.info.hf_id == f"my-{alias}-ft" and checkpoint.info.local_dir == str(root)
+
+
+SETUPS = [
+    ("31b", {"kind": "rtx-pro-6000", "count": 8}, {}),
+    ("31b", {"kind": "h100-80gb", "count": 2}, {"speculative": {"method": "mtp"}}),
+    ("26b-a4b", {"kind": "a100-80gb", "count": 1}, {"max_model_len": 8192}),
+    ("e4b", {"kind": "l4", "count": 1}, {}),
+    ("e2b", {"kind": "tpu-v6e", "count": 4}, {"kv_cache_dtype": "fp8"}),
+]
+
+
+@pytest.mark.parametrize("alias, accelerator, workload", SETUPS)
+def test_fine_tune_plans_exactly_like_its_base(alias, accelerator, workload, tmp_path: Path) -> None:
+    root = fine_tune_of(alias, tmp_path / "ft")
+    base = plan(parse_spec({"model": alias, "accelerator": accelerator, "workload": workload}))
+    tuned = plan(parse_spec({"model": str(root), "accelerator": accelerator, "workload": workload}))
+    assert tuned.ok and base.ok
+    for b, t in zip(base.replicas, tuned.replicas, strict=True):
+        assert t.capacity == b.capacity
+        # The same command but for what is served: the directory, under its own name.
+        assert t.argv[:3] == ["vllm", "serve", str(root)]
+        assert t.argv[3:5] == ["--served-model-name", "ft"]
+        assert t.argv[5:] == b.argv[3:]
+        assert t.env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_hub_fine_tune_is_read_from_the_local_cache(tmp_path: Path, monkeypatch) -> None:
+    config = json.dumps(stock_config("31b"))
+    index = json.dumps({"metadata": {"total_size": CATALOG.model("31b").checkpoint_bytes}, "weight_map": {}})
+    commit = "b" * 40
+    hub_cache(
+        tmp_path / "hf", "my-org/gemma4-31b-ft", {"config.json": config, "model.safetensors.index.json": index}, commit
+    )
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    spec = parse_spec({"model": "my-org/gemma4-31b-ft", "accelerator": {"kind": "h200", "count": 1}})
+    result = plan(spec)
+    base = plan(parse_spec({"model": "31b", "accelerator": {"kind": "h200", "count": 1}}))
+    assert result.replicas[0].argv[2] == "my-org/gemma4-31b-ft"
+    assert result.replicas[0].capacity == base.replicas[0].capacity
+    # Pinned to the commit the cache holds: read at that revision too.
+    pinned = parse_spec(
+        {"model": "my-org/gemma4-31b-ft", "accelerator": {"kind": "h200"}, "weights": {"revision": commit}}
+    )
+    assert pinned.model_info.checkpoint_bytes == CATALOG.model("31b").checkpoint_bytes
+
+
+def test_hub_checkpoint_not_in_the_cache_says_what_to_fetch(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(SpecError) as error:
+        parse_spec({"model": "my-org/not-here", "accelerator": {"kind": "h200"}})
+    message = str(error.value)
+    assert "model = 'my-org/not-here'" in message
+    assert "not in the local Hugging Face cache" in message
+    assert "huggingface-cli download my-org/not-here config.json model.safetensors.index.json" in message
+
+
+def test_a_checkpoint_that_is_not_gemma4_is_refused_by_name(tmp_path: Path) -> None:
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32}
+    root = checkpoint_dir(tmp_path / "llama", config, 16_000_000_000)
+    with pytest.raises(SpecError) as error:
+        parse_spec({"model": str(root), "accelerator": {"kind": "h200"}})
+    message = str(error.value)
+    assert "model_type = 'llama'" in message and "LlamaForCausalLM" in message
+    assert "allowed: model_type gemma4 or gemma4_text" in message
+
+
+def test_a_directory_without_config_json_is_named(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecError, match="has no config.json"):
+        parse_spec({"model": str(tmp_path / "empty"), "accelerator": {"kind": "h200"}})
+
+
+def test_a_model_that_is_neither_name_nor_path_is_refused() -> None:
+    with pytest.raises(SpecError) as error:
+        parse_spec({"model": "not a model", "accelerator": {"kind": "h200"}})
+    assert "e2b" in str(error.value) and "Hugging Face id OWNER/NAME" in str(error.value)
+
+
+def test_irregular_layer_types_are_refused(tmp_path: Path) -> None:
+    config = stock_config("31b")
+    config["text_config"]["layer_types"][0] = "full_attention"
+    root = checkpoint_dir(tmp_path / "odd", config, 10**9)
+    with pytest.raises(SpecError, match="layer_types"):
+        parse_spec({"model": str(root), "accelerator": {"kind": "h200"}})
+
+
+def test_single_file_bytes_are_the_header_sums(tmp_path: Path) -> None:
+    root = fine_tune_of("e2b", tmp_path / "e2b-ft")
+    assert load_checkpoint(str(root)).info.checkpoint_bytes == 10_246_356_102
+
+
+def test_a_smaller_text_only_gemma4_plans_from_its_own_numbers(tmp_path: Path) -> None:
+    """A Gemma4ForCausalLM text-only checkpoint of no stock size: its own shapes, no towers, no base."""
+    text = stock_config("31b")["text_config"] | {
+        "num_hidden_layers": 12,
+        "layer_types": None,
+        "sliding_window_pattern": 6,
+    }
+    config = {"architectures": ["Gemma4ForCausalLM"], **text}
+    root = checkpoint_dir(tmp_path / "tiny-31b-shape", config, 12 * 10**9)
+    checkpoint = load_checkpoint(str(root))
+    assert checkpoint.base is None and checkpoint.info.modalities == frozenset({"text"})
+    assert checkpoint.info.kv_layer_kinds.count("full") == 2
+    assert plan(parse_spec({"model": str(root), "accelerator": {"kind": "h100-80gb"}})).ok
+
+
+# --- quantized checkpoints ------------------------------------------------------------------------------------------
+
+QUANTIZED = {
+    # fixture: (method as vLLM names it, scheme, min capability, native capability)
+    "ct-fp8-static": ("compressed-tensors", "fp8-w8a8-static", 75, 89),
+    "ct-fp8-dynamic": ("compressed-tensors", "fp8-w8a8-dynamic", 75, 89),
+    "ct-w8a8-int8": ("compressed-tensors", "int8-w8a8", 75, 75),
+    "ct-nvfp4": ("compressed-tensors", "nvfp4", 75, 100),
+    "ct-w4a16": ("compressed-tensors", "int4-w4a16", 75, 75),
+    "modelopt-fp8": ("modelopt", "fp8", 80, 89),
+    "modelopt-nvfp4": ("modelopt_fp4", "nvfp4", 75, 100),
+    "awq": ("auto_awq", "int4-w4a16", 75, 75),
+    "gptq": ("auto_gptq", "int4-w4a16", 60, 60),
+    "fp8-block": ("fp8", "fp8-block", 75, 89),
+}
+
+
+def quantization_config(name: str) -> dict:
+    return json.loads((FIXTURES / "quantization" / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", list(QUANTIZED))
+def test_quantization_config_is_read(name: str) -> None:
+    q = parse_quantization(quantization_config(name))
+    assert (q.method, q.scheme, q.min_capability, q.native_capability) == QUANTIZED[name]
+    assert q.flags == () and "v0.32.0" in q.source
+
+
+def test_unknown_quantization_is_refused_by_name() -> None:
+    with pytest.raises(CheckpointError, match="quant_method = 'bitsandbytes'.*allowed: compressed-tensors"):
+        parse_quantization({"quant_method": "bitsandbytes"})
+
+
+def quantized_dir(tmp_path: Path, name: str, total_bytes: int) -> Path:
+    config = stock_config("31b") | {"quantization_config": quantization_config(name)}
+    return checkpoint_dir(tmp_path / f"31b-{name}", config, total_bytes)
+
+
+def test_nvfp4_weights_count_their_packed_bytes(tmp_path: Path) -> None:
+    """The index's total_size is what is on disk, packed: a quarter-size 31B plans with a quarter of the weights."""
+    quarter = CATALOG.model("31b").checkpoint_bytes // 4
+    root = quantized_dir(tmp_path, "ct-nvfp4", quarter)
+    result = plan(parse_spec({"model": str(root), "accelerator": {"kind": "b200", "count": 1}}))
+    assert result.ok and result.quantization.method == "compressed-tensors"
+    assert result.replicas[0].capacity.weights_gib_per_device == pytest.approx(quarter / 1024**3, abs=0.01)
+    assert "--quantization" not in result.replicas[0].argv
+    assert not [w for w in result.warnings if "weight-only" in w]
+
+
+@pytest.mark.parametrize(
+    "name, accelerator, outcome",
+    [
+        ("ct-nvfp4", "b200", "native"),
+        ("ct-nvfp4", "h100-80gb", "weight-only"),
+        ("ct-fp8-dynamic", "l4", "native"),
+        ("ct-fp8-dynamic", "a100-80gb", "weight-only"),
+        ("modelopt-fp8", "a100-80gb", "weight-only"),
+        ("ct-w8a8-int8", "a100-80gb", "native"),
+        ("awq", "mi300x", "native"),
+        ("ct-fp8-static", "tpu-v6e", "refused"),
+    ],
+)
+def test_hardware_rules(name, accelerator, outcome, tmp_path: Path) -> None:
+    root = quantized_dir(tmp_path, name, 8 * 10**9)
+    count = 4 if accelerator == "tpu-v6e" else 1
+    result = plan(parse_spec({"model": str(root), "accelerator": {"kind": accelerator, "count": count}}))
+    weight_only = [w for w in result.warnings if "weight-only kernels" in w]
+    assert (not result.ok, bool(weight_only)) == {
+        "native": (False, False),
+        "weight-only": (False, True),
+        "refused": (True, False),
+    }[outcome], (result.refusals, result.warnings)
+
+
+def test_a_gpu_below_the_minimum_capability_is_refused(tmp_path: Path, monkeypatch) -> None:
+    root = quantized_dir(tmp_path, "modelopt-fp8", 20 * 10**9)
+    spec = parse_spec({"model": str(root), "accelerator": {"kind": "l4"}})
+    monkeypatch.setattr(
+        type(spec), "accelerator_info", property(lambda s: replace(s.accelerator.info, compute_capability=75))
+    )
+    result = plan(spec)
+    assert not result.ok
+    assert "compute capability >= 8" in result.refusals[0] and "modelopt.py" in result.refusals[0]
+
+
+def test_a_quantized_fine_tune_keeps_no_stock_facts(tmp_path: Path) -> None:
+    root = quantized_dir(tmp_path, "awq", 18 * 10**9)
+    checkpoint = load_checkpoint(str(root))
+    assert checkpoint.base == CATALOG.model("31b")
+    assert checkpoint.info.checkpoint_bytes == 18 * 10**9 and checkpoint.info.vision_tower_bytes == 0
+
+
+# --- LoRA adapters --------------------------------------------------------------------------------------------------
+
+
+def adapter_dir(tmp_path: Path, fixture: str) -> Path:
+    root = tmp_path / "adapters" / fixture
+    root.mkdir(parents=True)
+    shutil.copy(FIXTURES / "adapters" / f"{fixture}.json", root / "adapter_config.json")
+    return root
+
+
+def test_adapters_are_served_under_their_names(tmp_path: Path) -> None:
+    sql = adapter_dir(tmp_path, "gemma4-31b-lora-r16")
+    legal = adapter_dir(tmp_path, "gemma4-31b-lora-r48-pattern")
+    spec = parse_spec(
+        {
+            "model": "31b",
+            "accelerator": {"kind": "h200", "count": 1},
+            "serving": {
+                "lora_adapters": [{"name": "sql", "source": str(sql)}, {"name": "legal", "source": str(legal)}]
+            },
+        }
+    )
+    result = plan(spec)
+    argv, env = result.replicas[0].argv, result.replicas[0].env
+    start = argv.index("--enable-lora")
+    assert argv[start : start + 7] == [
+        "--enable-lora",
+        "--max-loras",
+        "2",
+        "--max-lora-rank",
+        "64",  # rank_pattern's 48 rounded up to the next rank vLLM accepts
+        "--lora-modules",
+        f"sql={sql}",
+    ]
+    assert argv[start + 7] == f"legal={legal}"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
+    assert [a.name for a in result.adapters] == ["sql", "legal"]
+    # LoRA changes the compiled graphs: a cache of the plain model is never reused.
+    plain = plan(parse_spec({"model": "31b", "accelerator": {"kind": "h200", "count": 1}}))
+    assert result.replicas[0].cache_key != plain.replicas[0].cache_key
+
+
+def test_hub_adapter_at_a_revision_is_served_from_the_pinned_snapshot(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    commit = "c" * 40
+    text = (FIXTURES / "adapters" / "gemma4-31b-lora-r16.json").read_text()
+    hub_cache(tmp_path / "hf", "my-org/gemma4-sql-lora", {"adapter_config.json": text}, commit)
+    adapter = {"name": "sql", "source": "my-org/gemma4-sql-lora", "revision": commit}
+    result = plan(
+        parse_spec({"model": "31b", "accelerator": {"kind": "h200"}, "serving": {"lora_adapters": [adapter]}})
+    )
+    argv = result.replicas[0].argv
+    path = f"/var/lib/gemmaserve/hf/hub/models--my-org--gemma4-sql-lora/snapshots/{commit}"
+    assert argv[argv.index("--lora-modules") + 1] == f"sql={path}"
+
+
+def test_adapter_errors_name_the_field(tmp_path: Path) -> None:
+    dora = adapter_dir(tmp_path, "gemma4-dora")
+    with pytest.raises(SpecError) as error:
+        parse_spec(
+            {
+                "model": "e4b",
+                "accelerator": {"kind": "l4"},
+                "serving": {"lora_adapters": [{"name": "x", "source": str(dora)}]},
+            }
+        )
+    assert "serving.lora_adapters[0].source" in str(error.value) and "DoRA" in str(error.value)
+
+
+def test_adapter_names_are_unique_and_plain(tmp_path: Path) -> None:
+    sql = str(adapter_dir(tmp_path, "gemma4-31b-lora-r16"))
+    twice = [{"name": "a", "source": sql}, {"name": "a", "source": sql}]
+    with pytest.raises(SpecError, match="names repeat"):
+        parse_spec({"model": "31b", "accelerator": {"kind": "h200"}, "serving": {"lora_adapters": twice}})
+    with pytest.raises(SpecError, match="lora_adapters.0.name"):
+        parse_spec(
+            {
+                "model": "31b",
+                "accelerator": {"kind": "h200"},
+                "serving": {"lora_adapters": [{"name": "a b", "source": sql}]},
+            }
+        )
