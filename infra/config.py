@@ -64,6 +64,16 @@ TPU_DATA_DISK_TYPES = {
     "tpu-v7": ("hyperdisk-balanced",),
     "tpu-v5e": ("pd-balanced",),
 }
+# Chips on one TPU VM: a larger slice spans several VMs, each a host with its own address (the node's
+# networkEndpoints), and a stack serves one host per slice, so it is refused. v6e and v5e: up to 8 chips
+# on one host (v6e-8, v5litepod-8; cloud.google.com/tpu/docs/v6e, cloud.google.com/tpu/docs/v5e);
+# TPU7x: "Each Ironwood (TPU7x) VM contains four chips"
+# (cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood).
+TPU_CHIPS_PER_VM = {"tpu-v6e": 8, "tpu-v5e": 8, "tpu-v7": 4}
+# Sold only through GKE, not through the Cloud TPU API's queued resources this program uses: "To use
+# TPU7x, you must use Google Kubernetes Engine (GKE)" (cloud.google.com/tpu/docs/tpu7x; the queued
+# resources page says the same, cloud.google.com/tpu/docs/queued-resources).
+GKE_ONLY_TPUS = {"tpu-v7": "https://cloud.google.com/tpu/docs/tpu7x"}
 # What the disk holds besides the checkpoint: the serving engine (a vLLM TPU container image or wheel venv;
 # an image is pulled compressed and unpacked, so twice its size while it lands) and the compile caches,
 # then a margin for a second revision during a rolling change. Our estimates, not a vendor figure.
@@ -506,6 +516,18 @@ def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
             )
         if cloud.hosts != 1:
             problems.append(f"cloud.hosts = {cloud.hosts}: a TPU stack is one queued slice; allowed: 1")
+        if acc.name in GKE_ONLY_TPUS:
+            problems.append(
+                f"accelerator.kind = {acc.name!r}: Ironwood (TPU7x) is sold through GKE only, not as the Cloud TPU"
+                " queued resources this program requests; allowed: "
+                f"{', '.join(k for k in TPU_CHIPS_PER_VM if k not in GKE_ONLY_TPUS)} ({GKE_ONLY_TPUS[acc.name]})"
+            )
+        per_vm = TPU_CHIPS_PER_VM.get(acc.name)
+        if per_vm and count > per_vm:
+            problems.append(
+                f"accelerator.count = {count}: a {acc.name} slice of {count} chips spans {math.ceil(count / per_vm)}"
+                f" VMs ({per_vm} chips each), and a stack serves one host per slice; allowed: at most {per_vm}"
+            )
         takes = TPU_DATA_DISK_TYPES.get(acc.name, ())
         disk_type = cloud.weights_disk.type
         if "type" in cloud.weights_disk.model_fields_set and disk_type != "none" and disk_type not in takes:

@@ -747,11 +747,17 @@ class QueuedResourceProvider(ResourceProvider):
         self, api: TpuApi, props: dict[str, Any], candidate: Candidate, observation: Observation, history: list[dict]
     ) -> dict[str, Any]:
         internal = external = None
+        workers: list[str] = []
         if observation.state == ACTIVE:
             try:
                 endpoints = api.get_node(node_name(props, candidate.zone)).get("networkEndpoints") or [{}]
                 internal = endpoints[0].get("ipAddress")
                 external = (endpoints[0].get("accessConfig") or {}).get("externalIp") or None
+                # One entry per TPU VM of the slice: every worker, so a slice of several VMs is never
+                # mistaken for its first host (the stack config refuses those: config.TPU_CHIPS_PER_VM).
+                workers = [e["ipAddress"] for e in endpoints if e.get("ipAddress")]
+                if len(workers) > 1:
+                    self._say(f"{props['node_id']}: {len(workers)} workers ({', '.join(workers)}), not one host")
             except ApiError as error:
                 self._say(f"{props['node_id']}: could not read the node's address ({error})")
         return {
@@ -767,6 +773,7 @@ class QueuedResourceProvider(ResourceProvider):
             "valid_until_time": observation.valid_until_time,
             "internal_ip": internal,
             "external_ip": external,
+            "worker_ips": workers,
             "history": (list(props.get("history") or []) + history)[-HISTORY:],
         }
 
@@ -905,6 +912,7 @@ class TpuQueuedResource(Resource):
                 "valid_until_time",
                 "internal_ip",
                 "external_ip",
+                "worker_ips",
                 "history",
             )
         )

@@ -187,6 +187,16 @@ def test_tpu_zones_may_span_regions():
             "cloud.weights_disk.type = 'pd-ssd': G4 attaches Hyperdisk only",
         ),
         (
+            spec_raw("tpu-v7", 8, zones=["us-central1-c"]),
+            "accelerator.kind = 'tpu-v7': Ironwood (TPU7x) is sold through GKE only, not as the Cloud TPU queued"
+            " resources this program requests; allowed: tpu-v6e, tpu-v5e (https://cloud.google.com/tpu/docs/tpu7x)",
+        ),
+        (
+            spec_raw("tpu-v7", 8, zones=["us-central1-c"]),
+            "accelerator.count = 8: a tpu-v7 slice of 8 chips spans 2 VMs (4 chips each), and a stack serves one"
+            " host per slice; allowed: at most 4",
+        ),
+        (
             spec_raw("tpu-v6e", 4, weights_disk={"type": "pd-balanced"}),
             "cloud.weights_disk.type = 'pd-balanced': a tpu-v6e VM attaches hyperdisk-balanced as its data disk;"
             " allowed: hyperdisk-balanced, none",

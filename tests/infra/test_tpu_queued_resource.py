@@ -863,3 +863,16 @@ def test_a_create_refused_as_service_disabled_is_retried_in_the_same_zone():
     result = provider(fake).create(props())
     assert (result.outs["zone"], result.outs["state"]) == (ZONES[0], "ACTIVE")
     assert [r.name for r in fake.live()] == [qr_name(ZONES[0])]
+
+
+def test_every_worker_of_a_slice_is_in_the_outputs_not_only_the_first():
+    # A slice of several VMs has one networkEndpoints entry per VM (Node.networkEndpoints).
+    fake = FakeTpu()
+    p = props()
+    result = active(fake, p)
+    node = fake.records[qr_name(ZONES[0])].node
+    node["networkEndpoints"].append({"ipAddress": "10.42.0.99", "port": 8470})
+    read = provider(fake).read(result.id, result.outs)
+    assert read.outs["worker_ips"] == ["10.42.0.7", "10.42.0.99"]
+    assert read.outs["internal_ip"] == "10.42.0.7"
+    assert result.outs["worker_ips"] == ["10.42.0.7"]
