@@ -1,5 +1,6 @@
 """Compile caches on /dev/shm that survive reboots and preemption: restored from disk (optionally a GCS
-bucket) before replicas start, saved at stop and periodically, keyed by the plan's cache key, bounded."""
+bucket: the host's own saves, or a promoted cache) before replicas start, saved at stop and periodically
+(to the bucket under the host's own prefix), keyed by the plan's cache key, bounded."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ class Settings(RoleSettings):
     # /dev/shm is RAM: keep the caches well below what the model and KV cache need.
     max_gib: float = 8
     save_interval: SystemdTimespan = "30min"
-    # gs://bucket/prefix that carries caches from host to host; default: the spec's weights.bucket
-    # (PREFIX/compile-cache/). "none" keeps caches on each host's own disk.
+    # gs://bucket/prefix that keeps each host's caches and the promoted ones every host restores; default: the
+    # spec's weights.bucket (PREFIX/compile-cache/). "none" keeps caches on each host's own disk.
     gcs_uri: Literal["none"] | GcsUri | None = None
     save_timeout: int = 300
 

@@ -6,22 +6,29 @@ gemmaserve-cache-* units:
 
     python3 compile_cache.py restore --keys K1 K2 ... [--bucket B --bucket-prefix P]  # (bucket ->) disk -> /dev/shm
     python3 compile_cache.py save --keys K1 K2 ... [--bucket B --bucket-prefix P]     # /dev/shm -> disk (-> bucket)
+    python3 compile_cache.py promote --keys K1 ... --from-host H --bucket B --bucket-prefix P  # H's -> the fleet's
 
 Each cache directory is named by the plan's cache key (vLLM version, model, TP and every flag that
 changes compiled graphs), so a flag change starts a new cache instead of serving a stale one. Keys not
 in --keys are pruned first when a store exceeds --max-gib; then the least recently saved. In the bucket
-each key is one object, P<key>.tar, fetched only by its exact key: another vLLM, model, TP or
-graph-changing flag has another key and never gets this cache. A download whose md5 differs from the
-object's is discarded.
+each key is one object per host, P hosts/<host>/<key>.tar, which only that host saves and restores: what a
+replica wrote into its cache (compiled kernels every host that restores them executes) never reaches another
+host by itself. Another host restores a cache only once it is promoted to P<key>.tar, fetched only by its
+exact key: another vLLM, model, TP or graph-changing flag has another key and never gets this cache. A
+download whose md5 differs from the object's is discarded.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import grp
 import hashlib
 import os
+import pwd
+import re
 import shutil
+import socket
 import sys
 import tarfile
 import tempfile
@@ -74,10 +81,11 @@ def prune(root: Path, keep: set[str], max_bytes: int) -> list[str]:
 
 
 def _chown_tree(path: Path, user: str | None) -> None:
+    """Give the tree to `user`, never what a symlink in it points to (chown -h): a cache may hold links."""
     if user:
-        shutil.chown(path, user, user)
-        for item in path.rglob("*"):
-            shutil.chown(item, user, user)
+        uid, gid = pwd.getpwnam(user).pw_uid, grp.getgrnam(user).gr_gid
+        for item in [path, *path.rglob("*")]:
+            os.chown(item, uid, gid, follow_symlinks=False)
 
 
 def restore(keys: list[str], shm: Path, disk: Path, bucket: Remote | None, user: str | None) -> None:
@@ -121,19 +129,30 @@ def tree_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")
+
+
 class Remote:
-    """Caches in a bucket: one tar object per cache key under a prefix."""
+    """Caches in a bucket: one tar object per host and cache key under a prefix (what `host` saves and restores
+    itself), and the promoted one per key that every host restores."""
 
-    def __init__(self, bucket: gcs_json.Bucket, prefix: str):
+    def __init__(self, bucket: gcs_json.Bucket, prefix: str, host: str | None = None):
         self.bucket, self.prefix = bucket, f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        self.host = host or socket.gethostname()
+        if not HOST_NAME.fullmatch(self.host):
+            raise ValueError(f"{self.host!r} cannot name an object prefix")
 
-    def name(self, key: str) -> str:
+    def own(self, key: str, host: str | None = None) -> str:
+        return f"{self.prefix}hosts/{host or self.host}/{key}.tar"
+
+    def promoted(self, key: str) -> str:
         return f"{self.prefix}{key}.tar"
 
     def store(self, key: str, source: Path) -> None:
         digest = tree_digest(source)
+        name = self.own(key)
         try:
-            current = self.bucket.stat(self.name(key))
+            current = self.bucket.stat(name)
             if current and (current.get("metadata") or {}).get("gemmaserve-digest") == digest:
                 print(f"{key}: bucket copy is current", file=sys.stderr)
                 return
@@ -141,28 +160,41 @@ class Remote:
                 archive = Path(scratch) / f"{key}.tar"
                 with tarfile.open(archive, "w") as tar:
                     tar.add(source, arcname=".", filter=lambda info: None if info.issym() or info.islnk() else info)
-                self.bucket.upload(self.name(key), str(archive), {"gemmaserve-digest": digest, "gemmaserve-key": key})
-            print(f"{key}: saved to gs://{self.bucket.name}/{self.name(key)}", file=sys.stderr)
+                metadata = {"gemmaserve-digest": digest, "gemmaserve-key": key, "gemmaserve-host": self.host}
+                self.bucket.upload(name, str(archive), metadata)
+            print(f"{key}: saved to gs://{self.bucket.name}/{name}", file=sys.stderr)
         except gcs_json.StorageError as error:
             print(f"{key}: not saved to the bucket: {error}", file=sys.stderr)
 
+    def _download(self, name: str, meta: dict, archive: Path) -> bool:
+        """The object's bytes into `archive`, pinned to the generation `meta` describes; False when they fail
+        the object's md5."""
+        md5 = hashlib.md5()
+        with self.bucket.read(name, generation=int(meta["generation"])) as response:
+            with archive.open("wb") as out:
+                while chunk := response.read(4 * 2**20):
+                    md5.update(chunk)
+                    out.write(chunk)
+        return base64.b64encode(md5.digest()).decode() == meta.get("md5Hash")
+
     def fetch(self, key: str, disk: Path) -> bool:
-        """Download and unpack the key's cache into disk/key; False when the bucket has none (or it is bad)."""
+        """Download and unpack the key's cache into disk/key: this host's own, else the promoted one; False when
+        the bucket has neither (or it is bad)."""
         try:
-            meta = self.bucket.stat(self.name(key))
-            if meta is None:
-                print(f"{key}: no cache in gs://{self.bucket.name}/{self.prefix} for this key", file=sys.stderr)
+            for name in (self.own(key), self.promoted(key)):
+                meta = self.bucket.stat(name)
+                if meta is not None:
+                    break
+            else:
+                print(
+                    f"{key}: no cache of this host or promoted in gs://{self.bucket.name}/{self.prefix}",
+                    file=sys.stderr,
+                )
                 return False
             disk.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=disk) as scratch:
                 archive = Path(scratch) / "cache.tar"
-                md5 = hashlib.md5()
-                with self.bucket.read(self.name(key), generation=int(meta["generation"])) as response:
-                    with archive.open("wb") as out:
-                        while chunk := response.read(4 * 2**20):
-                            md5.update(chunk)
-                            out.write(chunk)
-                if base64.b64encode(md5.digest()).decode() != meta.get("md5Hash"):
+                if not self._download(name, meta, archive):
                     print(f"{key}: bucket copy failed its md5 check; not restored", file=sys.stderr)
                     return False
                 staging = Path(scratch) / key
@@ -171,13 +203,38 @@ class Remote:
                     tar.extractall(staging, members=members)
                 staging.rename(disk / key)
             print(
-                f"{key}: fetched from gs://{self.bucket.name}/{self.name(key)} ({int(meta['size']) / 2**20:.1f} MiB)",
+                f"{key}: fetched from gs://{self.bucket.name}/{name} ({int(meta['size']) / 2**20:.1f} MiB)",
                 file=sys.stderr,
             )
             return True
         except gcs_json.StorageError as error:
             print(f"{key}: not fetched from the bucket: {error}", file=sys.stderr)
             return False
+
+    def promote(self, key: str, host: str) -> bool:
+        """Make `host`'s saved cache of `key` the one every host restores (a copy, md5-checked on the way)."""
+        if not HOST_NAME.fullmatch(host):
+            raise ValueError(f"{host!r} cannot name an object prefix")
+        source = self.own(key, host)
+        try:
+            meta = self.bucket.stat(source)
+            if meta is None:
+                print(f"{key}: gs://{self.bucket.name}/{source} does not exist; nothing promoted", file=sys.stderr)
+                return False
+            with tempfile.TemporaryDirectory() as scratch:
+                archive = Path(scratch) / "cache.tar"
+                if not self._download(source, meta, archive):
+                    print(
+                        f"{key}: gs://{self.bucket.name}/{source} failed its md5 check; not promoted", file=sys.stderr
+                    )
+                    return False
+                metadata = {**(meta.get("metadata") or {}), "gemmaserve-key": key}
+                self.bucket.upload(self.promoted(key), str(archive), metadata)
+        except gcs_json.StorageError as error:
+            print(f"{key}: not promoted: {error}", file=sys.stderr)
+            return False
+        print(f"{key}: promoted {host}'s cache to gs://{self.bucket.name}/{self.promoted(key)}", file=sys.stderr)
+        return True
 
 
 def _inside(member: tarfile.TarInfo) -> bool:
@@ -187,7 +244,7 @@ def _inside(member: tarfile.TarInfo) -> bool:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="compile_cache.py")
-    parser.add_argument("action", choices=["restore", "save"])
+    parser.add_argument("action", choices=["restore", "save", "promote"])
     parser.add_argument("--keys", nargs="+", required=True)
     parser.add_argument("--shm", type=Path, default=SHM_ROOT)
     parser.add_argument("--disk", type=Path, default=DISK_ROOT)
@@ -195,9 +252,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bucket-prefix", default="compile-cache/", help="object prefix in --bucket")
     parser.add_argument("--max-gib", type=float, default=8.0)
     parser.add_argument("--user", default=None, help="owner of restored files")
+    parser.add_argument("--host", default=None, help="this host's name in the bucket (default: its hostname)")
+    parser.add_argument("--from-host", default=None, help="promote: the host whose saved cache every host gets")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    remote = Remote(gcs_json.Bucket(args.bucket), args.bucket_prefix) if args.bucket else None
+    remote = Remote(gcs_json.Bucket(args.bucket), args.bucket_prefix, args.host) if args.bucket else None
+    if args.action == "promote":
+        if remote is None or not args.from_host:
+            parser.error("promote needs --bucket and --from-host")
+        return 0 if all([remote.promote(key, args.from_host) for key in args.keys]) else 1
     if args.action == "restore":
         restore(args.keys, args.shm, args.disk, remote, args.user)
     else:

@@ -1,7 +1,10 @@
 """Compile cache save/restore/prune on real directories (the script runs on hosts as-is)."""
 
 import os
+import pwd
 import time
+
+import pytest
 
 from tests.roles.files.programs import load
 
@@ -64,3 +67,18 @@ def test_save_bounds_the_stores(tmp_path):
     fill(disk / "stale", "a", 800)
     compile_cache.save(["k1"], shm, disk, None, 1000)
     assert sorted(p.name for p in disk.iterdir()) == ["k1"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_restore_gives_a_symlink_to_the_user_never_its_target(tmp_path):
+    """A cache holding a symlink to a file outside it (a replica can write one into /dev/shm, and the save
+    keeps links): restored for the user, the link is theirs and the root-owned target stays root's."""
+    outside = tmp_path / "outside"
+    outside.write_text("root's")
+    fill(tmp_path / "disk" / "k1", "graph.bin", 10)
+    (tmp_path / "disk" / "k1" / "link").symlink_to(outside)
+    compile_cache.restore(["k1"], tmp_path / "shm", tmp_path / "disk", None, "daemon")
+    restored = tmp_path / "shm" / "k1"
+    daemon = pwd.getpwnam("daemon").pw_uid
+    assert os.lstat(restored / "link").st_uid == daemon and (restored / "graph.bin").stat().st_uid == daemon
+    assert outside.stat().st_uid == 0
