@@ -218,8 +218,10 @@ def device_nodes(serving: Plan) -> list[str]:
         # nvidia.ko registers major 195 as "nvidia" (minors 0-254, /dev/nvidiaN) and "nvidiactl" (255); the
         # name "nvidia-frontend" was last registered by the 535 branch (kernel-open/nvidia/nv.c at tags
         # 545.23.06..580.95.05 of NVIDIA/open-gpu-kernel-modules). systemd allows the whole major per name.
-        # nvidia-uvm.ko takes a dynamic major named "nvidia-uvm" (kernel-open/nvidia-uvm/uvm.c).
-        return ["char-nvidia", "char-nvidia-uvm"]
+        # nvidia-uvm.ko takes a dynamic major named "nvidia-uvm" (kernel-open/nvidia-uvm/uvm.c). A MIG instance
+        # is opened through /dev/nvidia-caps/nvidia-capN, nvidia.ko's "nvidia-caps" major (kernel-open/nvidia/
+        # nv-caps.c; NVIDIA's MIG user guide, "Device Nodes and Capabilities").
+        return ["char-nvidia", "char-nvidia-uvm", "char-nvidia-caps"]
     if vendor == "amd":
         # amdkfd registers "kfd" (drivers/gpu/drm/amd/amdkfd/kfd_chardev.c), DRM registers major 226 as "drm".
         return ["char-kfd", "char-drm"]
