@@ -130,11 +130,12 @@ def test_host_upload_body_matches_the_object_schema(bucket, tmp_path, monkeypatc
     monkeypatch.setattr(gcs_json.Bucket, "_open", recording)
     (tmp_path / "shm" / "k1").mkdir(parents=True)
     (tmp_path / "shm" / "k1" / "kernel.so").write_bytes(b"x")
-    remote = compile_cache.Remote(gcs_json.Bucket(bucket.name), "team/compile-cache/")
+    remote = compile_cache.Remote(gcs_json.Bucket(bucket.name), "team/compile-cache/", host="host-a")
     compile_cache.save(["k1"], tmp_path / "shm", tmp_path / "disk", remote, 10**9)
-    assert bucket.get_blob("team/compile-cache/k1.tar") is not None
+    # Each host saves under its own prefix (the caches role's layout: PREFIX hosts/<host>/<key>.tar).
+    assert bucket.get_blob("team/compile-cache/hosts/host-a/k1.tar") is not None
     [body] = sent
-    assert body["name"] == "team/compile-cache/k1.tar"
+    assert body["name"] == "team/compile-cache/hosts/host-a/k1.tar"
     jsonschema.validate(body, discovery_schema("Object"))
 
 
