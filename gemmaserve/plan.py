@@ -292,6 +292,9 @@ SERVING_MAX_CONNECTIONS = 8000
 SOURCE_MAX_CONNECTIONS = 1000
 SOURCE_CONNECTIONS_PER_10S = 1000
 TLS_HANDSHAKE_SECONDS = 30
+# /health needs no key: one address gets at most this many answers per 10 s (a load balancer's health checks
+# come from many prober addresses, each a few times a minute), then 429.
+SOURCE_HEALTH_CHECKS_PER_10S = 100
 
 
 @dataclass(frozen=True)
@@ -313,6 +316,7 @@ class AccessPlan:
     source_max_connections: int = SOURCE_MAX_CONNECTIONS
     source_connections_per_10s: int = SOURCE_CONNECTIONS_PER_10S
     handshake_seconds: int = TLS_HANDSHAKE_SECONDS
+    source_health_checks_per_10s: int = SOURCE_HEALTH_CHECKS_PER_10S
 
     def __post_init__(self) -> None:
         # One source below the serving port's share, which is below HAProxy's whole: neither one client nor
@@ -320,10 +324,11 @@ class AccessPlan:
         limits = (self.source_max_connections, self.serving_max_connections, self.max_connections)
         if not 1 <= limits[0] <= limits[1] < limits[2] <= 1_000_000:
             raise ValueError(f"connection limits per source <= serving port < HAProxy's (<= 1e6), got {limits}")
-        if not 1 <= self.source_connections_per_10s <= 1_000_000 or not 1 <= self.handshake_seconds <= 300:
+        rates = (self.source_connections_per_10s, self.source_health_checks_per_10s)
+        if not all(1 <= rate <= 1_000_000 for rate in rates) or not 1 <= self.handshake_seconds <= 300:
             raise ValueError(
-                f"connections per source per 10 s 1..1e6 and handshake 1..300 s, got "
-                f"{self.source_connections_per_10s}, {self.handshake_seconds}"
+                f"connections and health checks per source per 10 s 1..1e6 and handshake 1..300 s, got "
+                f"{rates}, {self.handshake_seconds}"
             )
 
     @property

@@ -109,6 +109,12 @@ def error_bodies(access: AccessPlan, routing: RoutingPlan) -> dict[str, str]:
         "health_method": openai_error(
             "Method not allowed: /health takes GET.", "invalid_request_error", "method_not_allowed"
         ),
+        "health_rate": openai_error(
+            f"Too many health checks from this address: at most {access.source_health_checks_per_10s} per 10 s. "
+            "Retry after 10 s.",
+            "requests",
+            "rate_limit_exceeded",
+        ),
         "concurrency": openai_error(
             f"Too many concurrent requests for this API key: at most {access.max_concurrent_requests} in flight "
             "on this host. Retry after 1 s.",
