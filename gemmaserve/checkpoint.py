@@ -231,22 +231,29 @@ def _field(text: dict[str, Any], name: str, default: Any = None) -> Any:
     return value
 
 
+# transformers' Gemma4TextConfig.__post_init__ (5.19.0, the release pinned with vLLM 0.32.0), which vLLM reads the
+# checkpoint through: without layer_types every 6th layer is full attention, the last layer is always made full, and a
+# missing global_head_dim is 512.
+DEFAULT_FULL_EVERY = 6
+DEFAULT_GLOBAL_HEAD_DIM = 512
+
+
 def _full_every(text: dict[str, Any]) -> int:
     """The period of full-attention layers: ModelInfo holds the pattern every released Gemma 4 uses."""
     layers = int(_field(text, "num_hidden_layers"))
     kinds = text.get("layer_types")
     if kinds is None:
-        every = int(_field(text, "sliding_window_pattern"))
-    else:
-        if "full_attention" not in kinds:
-            raise CheckpointError("config.json text_config.layer_types: has no full_attention layer")
-        every = kinds.index("full_attention") + 1
-        expected = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
-        if list(kinds) != expected:
-            raise CheckpointError(
-                f"config.json text_config.layer_types: not every {every}th layer full with the rest sliding; "
-                "allowed: the periodic pattern of the released Gemma 4 models"
-            )
+        kinds = ["full_attention" if (i + 1) % DEFAULT_FULL_EVERY == 0 else "sliding_attention" for i in range(layers)]
+    kinds = [*kinds[:-1], "full_attention"]
+    if len(kinds) != layers:
+        raise CheckpointError(f"config.json text_config.layer_types: {len(kinds)} entries for {layers} layers")
+    every = kinds.index("full_attention") + 1
+    expected = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+    if kinds != expected:
+        raise CheckpointError(
+            f"config.json text_config.layer_types: not every {every}th layer full with the rest sliding; "
+            "allowed: the periodic pattern of the released Gemma 4 models (gemmaserve's KV model holds no other)"
+        )
     return every
 
 
@@ -257,7 +264,8 @@ def architecture(config: dict[str, Any], ref: CheckpointRef) -> dict[str, Any]:
     head_dim = int(_field(text, "head_dim"))
     k_eq_v = bool(text.get("attention_k_eq_v", False))
     # transformers' Gemma4TextConfig: global layers use num_global_key_value_heads only with attention_k_eq_v.
-    full_heads = int(_field(text, "num_global_key_value_heads")) if k_eq_v else sliding_heads
+    global_heads = text.get("num_global_key_value_heads")
+    full_heads = int(global_heads) if k_eq_v and global_heads is not None else sliding_heads
     modalities = {"text"}
     if config.get("vision_config"):
         modalities |= {"image", "video"}
@@ -268,7 +276,9 @@ def architecture(config: dict[str, Any], ref: CheckpointRef) -> dict[str, Any]:
         "num_layers": int(_field(text, "num_hidden_layers")),
         "full_every": _full_every(text),
         "sliding": AttentionShape(kv_heads=sliding_heads, head_dim=head_dim),
-        "full": AttentionShape(kv_heads=full_heads, head_dim=int(text.get("global_head_dim") or head_dim)),
+        "full": AttentionShape(
+            kv_heads=full_heads, head_dim=int(text.get("global_head_dim") or DEFAULT_GLOBAL_HEAD_DIM)
+        ),
         "sliding_window": int(_field(text, "sliding_window")),
         "num_kv_shared_layers": int(text.get("num_kv_shared_layers") or 0),
         "attention_k_eq_v": k_eq_v,

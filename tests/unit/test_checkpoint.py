@@ -202,11 +202,8 @@ def test_single_file_bytes_are_the_header_sums(tmp_path: Path) -> None:
 
 def test_a_smaller_text_only_gemma4_plans_from_its_own_numbers(tmp_path: Path) -> None:
     """A Gemma4ForCausalLM text-only checkpoint of no stock size: its own shapes, no towers, no base."""
-    text = stock_config("31b")["text_config"] | {
-        "num_hidden_layers": 12,
-        "layer_types": None,
-        "sliding_window_pattern": 6,
-    }
+    # No layer_types: transformers' default, every 6th layer full.
+    text = stock_config("31b")["text_config"] | {"num_hidden_layers": 12, "layer_types": None}
     config = {"architectures": ["Gemma4ForCausalLM"], **text}
     root = checkpoint_dir(tmp_path / "tiny-31b-shape", config, 12 * 10**9)
     checkpoint = load_checkpoint(str(root))

@@ -1,0 +1,223 @@
+"""vLLM 0.32.0's own code judges what gemmaserve reads from a checkpoint: the quantization method it detects
+from config.json and the capability it needs, the LoRA ranks and adapter features it accepts, the LoRA flags.
+
+One run of a judge script under the sandbox's vLLM CPU venv answers every case (importing vLLM takes seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gemmaserve.catalog import ModelInfo
+from gemmaserve.checkpoint import CheckpointRef, architecture, parse_quantization
+from gemmaserve.plan import MAX_LORA_RANKS, plan
+from gemmaserve.spec import parse_spec
+from roles._lib.programs import program_source
+
+pytestmark = pytest.mark.vllm
+
+FIXTURES = Path(__file__).parents[1] / "unit" / "checkpoints"
+QUANTIZATION = sorted(p.stem for p in (FIXTURES / "quantization").glob("*.json"))
+ADAPTERS = sorted(p.stem for p in (FIXTURES / "adapters").glob("*.json"))
+
+JUDGE = r"""
+import json, os, sys, types
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors as ctmod
+from vllm.platforms.interface import DeviceCapability
+from vllm.config.lora import LoRAConfig, MaxLoRARanks
+from vllm.config.model import ModelConfig
+from vllm.lora.peft_helper import PEFTHelper
+from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+def _stand_in(cls):
+    # Constructing it returns the class itself; its get_min_capability stays the real one.
+    return type(cls.__name__, (), {"__new__": lambda _, *a, **k: cls, "get_min_capability": cls.get_min_capability})
+for _name in [n for n in dir(ctmod) if n.startswith("CompressedTensorsW")]:
+    setattr(ctmod, _name, _stand_in(getattr(ctmod, _name)))
+from typing import get_args
+
+cases = json.load(sys.stdin)
+out = {"quantization": {}, "adapters": {}, "max_lora_ranks": list(get_args(MaxLoRARanks))}
+for name, cfg in cases["quantization"].items():
+    # ModelConfig._verify_quantization on a stand-in: the detection loop `vllm serve` runs on config.json.
+    fake = types.SimpleNamespace(model_arch_config=types.SimpleNamespace(quantization_config=cfg),
+                                 quantization=None, hf_config=None, allow_deprecated_quantization=False)
+    ModelConfig._verify_quantization(fake)
+    cls = get_quantization_config(fake.quantization)
+    parsed = cls.from_config(cfg)
+    result = {"detected": fake.quantization, "known": fake.quantization in QUANTIZATION_METHODS,
+              "class": cls.__name__, "min_capability": cls.get_min_capability()}
+    if fake.quantization == "compressed-tensors":
+        # The scheme vLLM picks for a Linear layer on GPUs of compute capability 8.0, 9.0 and 10.0
+        # (_get_scheme_from_parts asks the platform; the scheme classes are swapped for themselves so nothing is built).
+        args = parsed.target_scheme_map["Linear"]
+        result["schemes"] = {}
+        for cc in (80, 90, 100):
+            ctmod.current_platform.get_device_capability = lambda device_id=0, cc=cc: DeviceCapability(cc // 10, cc % 10)
+            scheme = parsed._get_scheme_from_parts(args.get("weights"), args.get("input_activations"))
+            result["schemes"][str(cc)] = [scheme.__name__, scheme.get_min_capability()]
+    out["quantization"][name] = result
+for name, (cfg, max_rank) in cases["adapters"].items():
+    try:
+        PEFTHelper.from_dict(dict(cfg, vllm_max_position_embeddings=4096)).validate_legal(
+            LoRAConfig(max_lora_rank=max_rank, max_loras=1))
+        out["adapters"][name] = None
+    except Exception as error:
+        out["adapters"][name] = str(error)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def verdicts(vllm_python: Path) -> dict:
+    rank = {name: 64 for name in ADAPTERS}
+    cases = {
+        "quantization": {n: json.loads((FIXTURES / "quantization" / f"{n}.json").read_text()) for n in QUANTIZATION},
+        "adapters": {
+            f"{n}@{r}": (json.loads((FIXTURES / "adapters" / f"{n}.json").read_text()), r)
+            for n in ADAPTERS
+            for r in (rank[n], 32)
+        },
+    }
+    proc = subprocess.run(
+        [str(vllm_python), "-c", JUDGE], input=json.dumps(cases), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", QUANTIZATION)
+def test_vllm_detects_the_method_gemmaserve_names(verdicts, name: str) -> None:
+    """The same config class; AWQ's name differs only on this CPU build (auto_awq.py: no override on CPU)."""
+    mine = parse_quantization(json.loads((FIXTURES / "quantization" / f"{name}.json").read_text()))
+    verdict = verdicts["quantization"][name]
+    assert verdict["known"]
+    assert verdict["detected"] == mine.method or (verdict["detected"], mine.method) == ("awq", "auto_awq")
+
+
+@pytest.mark.parametrize("name", QUANTIZATION)
+def test_minimum_capability_is_vllms(verdicts, name: str) -> None:
+    mine = parse_quantization(json.loads((FIXTURES / "quantization" / f"{name}.json").read_text()))
+    verdict = verdicts["quantization"][name]
+    if "schemes" in verdict:
+        # On an A100 (8.0) the scheme vLLM picks needs what gemmaserve calls the minimum; where gemmaserve says the
+        # kernels turn native, vLLM picks a scheme that needs exactly that capability.
+        a100, hopper = verdict["schemes"]["80"], verdict["schemes"]["90"]
+        assert mine.min_capability == max(a100[1], verdict["min_capability"])
+        if mine.scheme.startswith("fp8-w8a8"):
+            assert a100[0] == "CompressedTensorsW8A16Fp8"
+            assert hopper == ["CompressedTensorsW8A8Fp8", mine.native_capability]
+    else:
+        assert mine.min_capability == verdict["min_capability"]
+
+
+def test_lora_ranks_are_vllms(verdicts) -> None:
+    assert list(MAX_LORA_RANKS) == verdicts["max_lora_ranks"]
+
+
+@pytest.mark.parametrize(
+    "case, accepted",
+    [
+        ("gemma4-31b-lora-r16@64", True),
+        ("gemma4-31b-lora-r16@32", True),
+        ("gemma4-31b-lora-r48-pattern@64", True),
+        ("gemma4-31b-lora-r48-pattern@32", False),  # rank_pattern's 48 counts: why the plan asks for 64
+        ("gemma4-dora@64", False),  # DoRA: gemmaserve refuses it at the spec as well
+    ],
+)
+def test_vllm_accepts_the_adapters_gemmaserve_accepts(verdicts, case: str, accepted: bool) -> None:
+    assert (verdicts["adapters"][case] is None) is accepted, verdicts["adapters"][case]
+
+
+def test_planned_lora_flags_pass_vllms_parser(vllm_python: Path, tmp_path: Path) -> None:
+    roots = []
+    for name in ("gemma4-31b-lora-r16", "gemma4-31b-lora-r48-pattern"):
+        root = tmp_path / name
+        root.mkdir()
+        (root / "adapter_config.json").write_text((FIXTURES / "adapters" / f"{name}.json").read_text())
+        roots.append(root)
+    spec = parse_spec(
+        {
+            "model": "31b",
+            "accelerator": {"kind": "h200", "count": 1},
+            # No chat template: its installed path does not exist here, and vLLM's validation reads it.
+            "workload": {"tool_calling": False, "reasoning": False},
+            "serving": {"lora_adapters": [{"name": f"a{i}", "source": str(r)} for i, r in enumerate(roots)]},
+        }
+    )
+    argv = plan(spec).replicas[0].argv
+    proc = subprocess.run(
+        [str(vllm_python), str(program_source("vllm", "vllm_argcheck.py"))],
+        input=json.dumps([argv]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert results and results[0]["ok"], proc.stdout + proc.stderr
+
+
+# --- config.json as transformers (pinned with vLLM 0.32.0) reads it for vLLM ---------------------------------------
+
+CONFIG_JUDGE = r"""
+import json, sys
+from transformers import Gemma4Config, Gemma4TextConfig
+out = {}
+for name, cfg in json.load(sys.stdin).items():
+    text = Gemma4Config(**cfg).text_config if cfg.get("model_type") == "gemma4" else Gemma4TextConfig(**cfg)
+    layers = text.per_layer_config
+    out[name] = {
+        "kinds": ["full" if k == "full_attention" else "sliding" for k in text.layer_types],
+        "shapes": [[layers[i].num_key_value_heads, layers[i].head_dim] for i in range(text.num_hidden_layers)],
+        "kv_shared": text.num_kv_shared_layers,
+        "window": text.sliding_window,
+        "max_context": text.max_position_embeddings,
+    }
+print(json.dumps(out))
+"""
+
+
+def _variants() -> dict[str, dict]:
+    stock = {p.stem: json.loads(p.read_text()) for p in sorted((FIXTURES / "configs").glob("*.json"))}
+    base = stock["gemma-4-31B-it"]
+    text = base["text_config"]
+    return stock | {
+        # transformers' defaults: no layer_types (every 6th full), no global_head_dim (512)
+        "defaults": {
+            **base,
+            "text_config": {k: v for k, v in text.items() if k not in ("layer_types", "global_head_dim")},
+        },
+        # a text-only Gemma4ForCausalLM checkpoint: the text config at the top, 12 layers
+        "text-only": {"architectures": ["Gemma4ForCausalLM"], **text, "num_hidden_layers": 12, "layer_types": None},
+    }
+
+
+@pytest.fixture(scope="module")
+def config_verdicts(vllm_python: Path) -> dict:
+    proc = subprocess.run(
+        [str(vllm_python), "-c", CONFIG_JUDGE],
+        input=json.dumps(_variants()),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", list(_variants()))
+def test_transformers_reads_config_json_as_gemmaserve_does(config_verdicts, name: str) -> None:
+    fields = architecture(_variants()[name], CheckpointRef(name))
+    info = ModelInfo(hf_id=name, aliases=(name,), checkpoint_bytes=1, total_params_b=0, **fields)
+    verdict = config_verdicts[name]
+    assert list(info.layer_kinds) == verdict["kinds"]
+    assert [[info.shape(k).kv_heads, info.shape(k).head_dim] for k in info.layer_kinds] == verdict["shapes"]
+    assert (info.num_kv_shared_layers, info.sliding_window, info.max_context) == (
+        verdict["kv_shared"],
+        verdict["window"],
+        verdict["max_context"],
+    )
