@@ -165,15 +165,104 @@ def served_image(served_assets: None):
     return ensure_image()
 
 
+def compiled_data() -> dict:
+    """Host data for a replica with torch.compile on (the sandbox profile runs eager)."""
+    from gemmaserve.sandbox.profile import sandbox_host_data
+
+    return {"gemmaserve_workload": {**sandbox_host_data()["gemmaserve_workload"], "enforce_eager": False}}
+
+
+@dataclass
+class SandboxBucket:
+    """The running emulator and the host data that deploys from its mirror of the test model (compiled)."""
+
+    emulator: Any
+    data: dict
+
+
 @pytest.fixture(scope="session")
-def serving_peer(request: pytest.FixtureRequest, sandbox_ready: None, served_assets: None) -> state.Host:
-    """A second host serving the default profile (one wheel replica): where clients go while a host
-    under test reboots. Brought up and deployed once per session."""
-    [index] = state.free_indices(1)
-    [host] = bring_up([index], request)
-    result = deploy(host.name)
-    assert result.ok, result.output[-4000:]
-    return host
+def bucket_emulator(served_assets: None) -> Iterator[SandboxBucket]:
+    """The sandbox's bucket (fake-gcs-server on the sandbox network, gemmaserve/sandbox/bucket.py) holding
+    the test model's mirror; stopped and its data removed at the end of the session."""
+    from gemmaserve.ops.weights import LocalSource, mirror, storage_client
+    from gemmaserve.plan import plan
+    from gemmaserve.sandbox import bucket
+    from gemmaserve.sandbox.profile import SANDBOX_BUCKET, TINY_MODEL_DIR, bucket_host_data, sandbox_host_data
+    from gemmaserve.sources import spec_from_host_data
+
+    emulator = bucket.up()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("STORAGE_EMULATOR_HOST", emulator.endpoint)
+            client = storage_client()
+            if client.lookup_bucket(SANDBOX_BUCKET) is None:
+                client.create_bucket(SANDBOX_BUCKET)
+            source = LocalSource(TINY_MODEL_DIR)
+            revision = source.resolve(None)
+            serving = plan(spec_from_host_data({**sandbox_host_data(), **bucket_host_data(revision)})).require_ok()
+            assert mirror(serving.weights, source, progress=lambda _: None).manifest_written
+        yield SandboxBucket(emulator, {**compiled_data(), **bucket_host_data(revision)})
+    finally:
+        bucket.down()
+
+
+@dataclass
+class BucketHosts:
+    """Two hosts deployed from the sandbox's bucket with torch.compile on: A pulled the weights, compiled
+    and saved its compile cache to the bucket; B was deployed after that (at `b_started`, its clock) and
+    restored A's cache. `data` is the host data both were deployed with."""
+
+    hosts: list[state.Host]
+    remotes: list[Any]
+    serving: Any
+    data: dict
+    b_started: float
+
+
+@pytest.fixture(scope="session")
+def bucket_hosts(
+    request: pytest.FixtureRequest,
+    bucket_emulator: SandboxBucket,
+    sandbox_ssh_config: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> BucketHosts:
+    """Deployed once per session and read by three modules: the compile-cache tests (host A: a compiled
+    replica, its cache on /dev/shm and disk), the bucket tests (A and B), and as `serving_peer` (B)."""
+    import testinfra
+
+    from gemmaserve.plan import plan
+    from gemmaserve.sandbox.profile import sandbox_host_data
+    from gemmaserve.sources import spec_from_host_data
+
+    data = bucket_emulator.data
+    up = bring_up(state.free_indices(2), request)
+    remotes = [
+        testinfra.get_host(
+            f"paramiko://{state.SSH_USER}@{h.address}",
+            ssh_config=sandbox_ssh_config,
+            ssh_identity_file=str(state.SSH_KEY),
+        )
+        for h in up
+    ]
+    first = deploy(up[0].name, data, tmp_path_factory.mktemp("bucket-a"))
+    assert first.returncode == 0, first.output[-4000:]
+    saved = remotes[0].run(
+        "systemctl start gemmaserve-cache-save.service && journalctl -u gemmaserve-cache-save -o cat"
+    )
+    assert saved.rc == 0, saved.stderr
+    started = float(remotes[1].run("date +%s.%N").stdout)
+    second = deploy(up[1].name, data, tmp_path_factory.mktemp("bucket-b"))
+    assert second.returncode == 0, second.output[-4000:]
+    serving = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
+    return BucketHosts(up, remotes, serving, data, started)
+
+
+@pytest.fixture(scope="session")
+def serving_peer(bucket_hosts: BucketHosts) -> state.Host:
+    """A second host serving the test model: where clients go while a host under test reboots, and a wheel
+    host without a container runtime. Bucket host B (one wheel replica) is that host already; a host of its
+    own would cost a boot and a deploy (about a minute) for nothing the tests read."""
+    return bucket_hosts.hosts[1]
 
 
 @pytest.fixture(scope="session")

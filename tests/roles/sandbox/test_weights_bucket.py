@@ -16,67 +16,30 @@ from gemmaserve.plan import plan
 from gemmaserve.sandbox import bucket as sandbox_bucket
 from gemmaserve.sandbox.profile import SANDBOX_BUCKET, TINY_MODEL_DIR, bucket_host_data, sandbox_host_data
 from gemmaserve.sources import spec_from_host_data
-from tests.roles.sandbox.test_compile_cache import COMPILED, chat, kernels
-from tests.sandbox_fixtures import bring_up, deploy
+from tests.roles.sandbox.test_compile_cache import chat, kernels
+from tests.sandbox_fixtures import BucketHosts, SandboxBucket, deploy
 
 pytestmark = pytest.mark.sandbox
 
 
 @pytest.fixture(scope="module")
-def emulator(served_assets, monkeypatch_module):
-    """The sandbox's bucket with the test model mirrored into it; removed afterwards."""
-    emulator = sandbox_bucket.up()
-    monkeypatch_module.setenv("STORAGE_EMULATOR_HOST", emulator.endpoint)
-    try:
-        client = storage_client()
-        if client.lookup_bucket(SANDBOX_BUCKET) is None:
-            client.create_bucket(SANDBOX_BUCKET)
-        yield emulator
-    finally:
-        sandbox_bucket.down()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
+def emulator(bucket_emulator: SandboxBucket):
+    """The sandbox's bucket, with this module's own storage clients pointed at it."""
     with pytest.MonkeyPatch.context() as patch:
-        yield patch
+        patch.setenv("STORAGE_EMULATOR_HOST", bucket_emulator.emulator.endpoint)
+        yield bucket_emulator.emulator
 
 
 @pytest.fixture(scope="module")
-def data(emulator):
-    source = LocalSource(TINY_MODEL_DIR)
-    revision = source.resolve(None)
-    serving = plan(spec_from_host_data({**sandbox_host_data(), **bucket_host_data(revision)})).require_ok()
-    report = mirror(serving.weights, source, progress=lambda _: None)
-    assert report.manifest_written
-    return {**COMPILED, **bucket_host_data(revision)}
+def data(bucket_emulator: SandboxBucket) -> dict:
+    return bucket_emulator.data
 
 
 @pytest.fixture(scope="module")
-def hosts(request, data, sandbox_ssh_config, tmp_path_factory):
-    """Host A deployed from the bucket (compiling), its cache saved to the bucket; then host B from the bucket."""
-    import testinfra
-
-    from gemmaserve.sandbox.state import SSH_KEY, SSH_USER, free_indices
-
-    up = bring_up(free_indices(2), request)
-    remotes = [
-        testinfra.get_host(
-            f"paramiko://{SSH_USER}@{h.address}", ssh_config=sandbox_ssh_config, ssh_identity_file=str(SSH_KEY)
-        )
-        for h in up
-    ]
-    first = deploy(up[0].name, data, tmp_path_factory.mktemp("a"))
-    assert first.returncode == 0, first.output[-4000:]
-    saved = remotes[0].run(
-        "systemctl start gemmaserve-cache-save.service && journalctl -u gemmaserve-cache-save -o cat"
-    )
-    assert saved.rc == 0, saved.stderr
-    started = float(remotes[1].run("date +%s.%N").stdout)
-    second = deploy(up[1].name, data, tmp_path_factory.mktemp("b"))
-    assert second.returncode == 0, second.output[-4000:]
-    serving = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
-    return up, remotes, serving, started
+def hosts(bucket_hosts: BucketHosts):
+    """Host A deployed from the bucket (compiling), its cache saved to the bucket; then host B from the bucket
+    (tests/sandbox_fixtures.py; the compile-cache tests and `serving_peer` use them too)."""
+    return bucket_hosts.hosts, bucket_hosts.remotes, bucket_hosts.serving, bucket_hosts.b_started
 
 
 def test_host_a_serves_the_pulled_copy(hosts):
