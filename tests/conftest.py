@@ -18,6 +18,8 @@ FIXTURE_TIERS = {
     "sandbox_host": "sandbox",
     "fresh_sandbox_host": "sandbox",
     "serving_peer": "sandbox",
+    "bucket_emulator": "sandbox",
+    "bucket_hosts": "sandbox",
     "served_image": "sandbox",
     "vllm_python": "vllm",
 }
@@ -35,12 +37,13 @@ def tier_of(item: pytest.Item) -> str:
     return next((tier for tier in TIERS if item.get_closest_marker(tier)), "fast")
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    yield
-    tier = tier_of(item)
-    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + call.duration
-    _tier_tests.setdefault(tier, set()).add(item.nodeid)
+    report = yield
+    # Carried with the report, so the summary can count it where the report arrives (under pytest-xdist, the
+    # controller, not the worker that ran the test).
+    report.user_properties.append(("tier", tier_of(item)))
+    return report
 
 
 def unmarked_tiers(items: list[pytest.Item]) -> list[str]:
@@ -59,9 +62,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Before `-m` deselects anything: every collected test is held to its fixtures' tiers.
     if unmarked := unmarked_tiers(items):
         raise pytest.UsageError("tests missing their tier's marker (docs/testing.md):\n" + "\n".join(unmarked))
+    # `make test` runs two pytest-xdist workers with `--dist loadgroup`: one runs the sandbox tier in order (its
+    # hosts are session fixtures, shared by its modules), the other everything else in order, so the two never
+    # share a fixture, a port or a host, and the CPU-bound tests run while sandbox tests wait on hosts.
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("sandbox" if item.get_closest_marker("sandbox") else "rest"))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = dict(report.user_properties).get("tier", "fast")
+    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
+    _tier_tests.setdefault(tier, set()).add(report.nodeid)
     # A later phase's report repeats the earlier phases' output: keep each line once per test.
     for line in report.capstdout.splitlines():
         figure = (report.nodeid, line.strip()[len(FIGURE) :].strip())
