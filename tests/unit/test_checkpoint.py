@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -386,3 +388,30 @@ def test_adapter_names_are_unique_and_plain(tmp_path: Path) -> None:
                 "serving": {"lora_adapters": [{"name": "a b", "source": sql}]},
             }
         )
+
+
+# --- the command line -----------------------------------------------------------------------------------------------
+
+
+def gemmaserve_plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gemmaserve", "plan", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_refuses_a_checkpoint_that_is_not_gemma4_with_exit_2(tmp_path: Path) -> None:
+    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
+    root = checkpoint_dir(tmp_path / "qwen", config, 10**9)
+    result = gemmaserve_plan("--model", str(root), "--accelerator", "h200")
+    assert result.returncode == 2
+    assert f"model = '{root}'" in result.stderr and "model_type = 'qwen3'" in result.stderr
+    assert "allowed: model_type gemma4" in result.stderr
+
+
+def test_cli_plans_a_quantized_fine_tune(tmp_path: Path) -> None:
+    root = quantized_dir(tmp_path, "ct-fp8-dynamic", 33 * 10**9)
+    result = gemmaserve_plan("--model", str(root), "--accelerator", "a100-80gb", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["model"] == root.name and data["quantization"] == "compressed-tensors"
+    assert any("weight-only kernels" in w for w in data["warnings"])
