@@ -101,6 +101,8 @@ class Quantization:
     source: str
     # vLLM detects every method below from config.json: no --quantization flag is needed.
     flags: tuple[str, ...] = ()
+    # What vLLM turns --kv-cache-dtype auto into for this checkpoint (None: the model's dtype).
+    kv_cache_dtype: str | None = None
 
     def describe(self) -> str:
         return f"{self.method} ({self.scheme})"
@@ -161,16 +163,49 @@ def _compressed_tensors(config: dict[str, Any]) -> Quantization:
     )
 
 
+# vllm/utils/torch_utils.py MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP (v0.32.0).
+MODELOPT_KV_CACHE_DTYPES = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
+
+
+def _modelopt_kv_cache_dtype(config: dict[str, Any]) -> str | None:
+    """--kv-cache-dtype auto as vLLM resolves it for a ModelOpt checkpoint (torch_utils.py
+    get_kv_cache_quant_algo_string, applied by EngineArgs.create_engine_config at v0.32.0); "auto" for a value
+    vLLM does not know, None when the checkpoint names none."""
+    inner = config.get("quantization") or config
+    algo = (
+        inner.get("kv_cache_scheme")
+        or config.get("kv_cache_scheme")
+        or inner.get("kv_cache_quant_algo")
+        or config.get("kv_cache_quant_algo")
+    )
+    if isinstance(algo, dict):
+        if algo.get("dynamic") is False and algo.get("num_bits") == 8 and algo.get("type") == "float":
+            algo = "fp8"
+        elif algo.get("num_bits") == 4 and algo.get("type") == "float":
+            algo = "nvfp4"
+        else:
+            return "auto"
+    if isinstance(algo, str):
+        return MODELOPT_KV_CACHE_DTYPES.get(algo.lower(), "auto")
+    return None
+
+
 def _modelopt(config: dict[str, Any]) -> Quantization:
     # ModelOpt writes quant_algo at the top (hf_quant_config.json style) or under "quantization".
     algo = str(config.get("quant_algo") or (config.get("quantization") or {}).get("quant_algo") or "").upper()
     source = f"{_VLLM_QUANT}/modelopt.py override_quantization_method, v0.32.0"
+    kv = _modelopt_kv_cache_dtype(config)
+    kv = None if kv == "auto" else kv
     if "NVFP4" in algo or "FP4" in algo:
         # ModelOptNvFp4Config.get_min_capability 75 (Marlin W4A16 below Blackwell's native FP4).
-        return Quantization("modelopt_fp4", "nvfp4", 75, 100, f"{source}; ModelOptNvFp4Config.get_min_capability")
+        return Quantization(
+            "modelopt_fp4", "nvfp4", 75, 100, f"{source}; ModelOptNvFp4Config.get_min_capability", kv_cache_dtype=kv
+        )
     if algo == "FP8":
         # ModelOptFp8Config.get_min_capability 80; FP8 GEMMs where supports_fp8 (cc >= 8.9).
-        return Quantization("modelopt", "fp8", 80, 89, f"{source}; ModelOptFp8Config.get_min_capability")
+        return Quantization(
+            "modelopt", "fp8", 80, 89, f"{source}; ModelOptFp8Config.get_min_capability", kv_cache_dtype=kv
+        )
     raise CheckpointError(f"quantization_config.quant_algo = {algo!r}: allowed for ModelOpt: FP8, NVFP4")
 
 

@@ -16,6 +16,7 @@ from gemmaserve.checkpoint import Adapter, Quantization
 from gemmaserve.kv_cache import (
     CUDAGRAPH_GIB,
     DEFAULT_BLOCK_SIZE,
+    KV_DTYPE_BYTES,
     KvCapacity,
     kv_capacity,
     release_kv_layout,
@@ -866,6 +867,25 @@ def _lora_argv(adapters: tuple[Adapter, ...]) -> list[str]:
     ]
 
 
+def _kv_cache_dtype(spec: Spec, quantization: Quantization | None, refusals: list[str]) -> str:
+    """The KV-cache dtype vLLM runs: the spec's, or for --kv-cache-dtype auto what the checkpoint's
+    quantization_config names (vllm/utils/torch_utils.py resolve_kv_cache_dtype_string, v0.32.0)."""
+    wanted = spec.workload.kv_cache_dtype
+    if wanted != "auto" or quantization is None or quantization.kv_cache_dtype is None:
+        return wanted
+    if quantization.kv_cache_dtype not in KV_DTYPE_BYTES:
+        refusals.append(
+            f"{spec.model}'s quantization_config asks for a {quantization.kv_cache_dtype} KV cache, which gemmaserve's "
+            "KV model does not count; allowed: set workload.kv_cache_dtype to fp8"
+        )
+    elif not spec.accelerator_info.fp8_kv_cache:
+        refusals.append(
+            f"{spec.model}'s quantization_config asks for a {quantization.kv_cache_dtype} KV cache, which "
+            f"{spec.accelerator_info.name} does not support"
+        )
+    return quantization.kv_cache_dtype
+
+
 def _quantization_problems(spec: Spec, quantization: Quantization | None, warnings: list[str]) -> list[str]:
     """Refusals for a quantized checkpoint the accelerator or engine cannot run, each with its source."""
     if quantization is None:
@@ -1007,7 +1027,9 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
             f"transformers is not pinned: gemmaserve has no resolver-checked pair for {engine.package} "
             f"{spec.vllm_version}; set engine.transformers_version"
         )
-    kv_dtype = spec.workload.kv_cache_dtype
+    kv_dtype = _kv_cache_dtype(spec, result.quantization, result.refusals)
+    if result.refusals:
+        return result
     sizings = [_size(spec, tp, kv_dtype, spec.max_model_len, available_kv_gib) for tp in _tp_candidates(spec)]
     chosen = _choose_tp(spec, sizings)
     if chosen is None:

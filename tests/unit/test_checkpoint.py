@@ -299,6 +299,30 @@ def test_a_gpu_below_the_minimum_capability_is_refused(tmp_path: Path, monkeypat
     assert "compute capability >= 8" in result.refusals[0] and "modelopt.py" in result.refusals[0]
 
 
+def test_modelopt_fp8_kv_cache_is_what_auto_becomes(tmp_path: Path) -> None:
+    """vLLM resolves --kv-cache-dtype auto to the checkpoint's kv_cache_quant_algo: twice the tokens of BF16 KV."""
+    assert parse_quantization(quantization_config("modelopt-fp8")).kv_cache_dtype == "fp8_e4m3"
+    assert parse_quantization(quantization_config("modelopt-nvfp4")).kv_cache_dtype is None
+    fp8 = quantized_dir(tmp_path, "modelopt-fp8", 33 * 10**9)
+    plain = quantized_dir(tmp_path, "ct-fp8-dynamic", 33 * 10**9)
+    accelerator = {"kind": "h100-80gb", "count": 1}
+    with_fp8_kv = plan(parse_spec({"model": str(fp8), "accelerator": accelerator})).replicas[0]
+    with_bf16_kv = plan(parse_spec({"model": str(plain), "accelerator": accelerator})).replicas[0]
+    assert "--kv-cache-dtype" not in with_fp8_kv.argv
+    assert with_fp8_kv.capacity.kv_cache_tokens == pytest.approx(2 * with_bf16_kv.capacity.kv_cache_tokens, rel=0.01)
+
+
+def test_an_nvfp4_kv_cache_is_refused_not_guessed(tmp_path: Path) -> None:
+    config = quantization_config("modelopt-nvfp4") | {"kv_cache_quant_algo": "NVFP4"}
+    root = checkpoint_dir(tmp_path / "kv4", stock_config("31b") | {"quantization_config": config}, 20 * 10**9)
+    result = plan(parse_spec({"model": str(root), "accelerator": {"kind": "b200"}}))
+    assert not result.ok and "nvfp4 KV cache" in result.refusals[0]
+    explicit = plan(
+        parse_spec({"model": str(root), "accelerator": {"kind": "b200"}, "workload": {"kv_cache_dtype": "fp8"}})
+    )
+    assert explicit.ok
+
+
 def test_a_quantized_fine_tune_keeps_no_stock_facts(tmp_path: Path) -> None:
     root = quantized_dir(tmp_path, "awq", 18 * 10**9)
     checkpoint = load_checkpoint(str(root))

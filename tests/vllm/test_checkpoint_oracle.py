@@ -29,6 +29,7 @@ import json, os, sys, types
 os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
 import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors as ctmod
 from vllm.platforms.interface import DeviceCapability
+from vllm.utils.torch_utils import get_kv_cache_quant_algo_string
 from vllm.config.lora import LoRAConfig, MaxLoRARanks
 from vllm.config.model import ModelConfig
 from vllm.lora.peft_helper import PEFTHelper
@@ -50,7 +51,8 @@ for name, cfg in cases["quantization"].items():
     cls = get_quantization_config(fake.quantization)
     parsed = cls.from_config(cfg)
     result = {"detected": fake.quantization, "known": fake.quantization in QUANTIZATION_METHODS,
-              "class": cls.__name__, "min_capability": cls.get_min_capability()}
+              "class": cls.__name__, "min_capability": cls.get_min_capability(),
+              "kv_cache_dtype": get_kv_cache_quant_algo_string(cfg)}
     if fake.quantization == "compressed-tensors":
         # The scheme vLLM picks for a Linear layer on GPUs of compute capability 8.0, 9.0 and 10.0
         # (_get_scheme_from_parts asks the platform; the scheme classes are swapped for themselves so nothing is built).
@@ -113,6 +115,12 @@ def test_minimum_capability_is_vllms(verdicts, name: str) -> None:
             assert hopper == ["CompressedTensorsW8A8Fp8", mine.native_capability]
     else:
         assert mine.min_capability == verdict["min_capability"]
+
+
+@pytest.mark.parametrize("name", QUANTIZATION)
+def test_kv_cache_dtype_auto_resolves_as_vllms(verdicts, name: str) -> None:
+    mine = parse_quantization(json.loads((FIXTURES / "quantization" / f"{name}.json").read_text()))
+    assert mine.kv_cache_dtype == verdicts["quantization"][name]["kv_cache_dtype"]
 
 
 def test_lora_ranks_are_vllms(verdicts) -> None:
