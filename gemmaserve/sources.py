@@ -28,6 +28,8 @@ HOST_OTHER_KEYS = (
     "gemmaserve_gpu_facts",
     "gemmaserve_storage_emulator_host",
     "gemmaserve_capacity",
+    # The key file and CA a client of the host uses (validated by gemmaserve.ops.fleet, which reads them).
+    "gemmaserve_client_credentials",
 )
 # Cloud resource names of a stack start with this; 20 characters leave room for suffixes everywhere
 # (service account ids allow 30, "-hosts" is appended).

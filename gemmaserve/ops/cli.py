@@ -471,7 +471,6 @@ def keys_add(
 ) -> None:
     """Make a key (printed once, on stdout) and let the endpoint accept it: only its digest is stored."""
     from gemmaserve.ops import keys
-    from gemmaserve.sandbox.credentials import key_digest
 
     _keys_target(stack, inventory)
     key, digest = keys.new_key()
@@ -480,7 +479,7 @@ def keys_add(
         weak = keys.weak_key(key)
         if weak:
             _fail(f"error: --key-stdin: {weak}", EXIT_BAD_INPUT)
-        digest = key_digest(key)
+        digest = keys.key_digest(key)
     try:
         if stack:
             secret = keys.stack_secret(stack, project_dir)

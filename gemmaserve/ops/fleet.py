@@ -20,12 +20,41 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
+from pydantic import field_validator
+
 from gemmaserve.plan import Plan, plan
 from gemmaserve.sources import spec_from_host_data
+from gemmaserve.spec import Strict, validate_model
 
 # The repository: deploy.py, hosts/ and roles/ live here, next to the package.
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_INVENTORY = "hosts/sandbox.py"
+
+
+# Host data naming an endpoint's client credentials, for inventories whose hosts have their own (the sandbox's).
+CLIENT_CREDENTIALS_KEY = "gemmaserve_client_credentials"
+
+
+class ClientCredentials(Strict):
+    """Where a client of a host finds its credentials: files on the operator's machine, never the key itself
+    (host data is printed and logged)."""
+
+    ca_cert: str  # PEM of the CA that signs the host's certificate
+    api_key_file: str  # one API key on its first line, readable by the operator only
+
+    @field_validator("ca_cert", "api_key_file")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not Path(value).is_absolute():
+            raise ValueError(f"{value!r}: must be an absolute path")
+        return value
+
+    def api_key(self) -> str | None:
+        """The key in api_key_file; None while the file is absent (as with no key set at all)."""
+        try:
+            return Path(self.api_key_file).read_text().strip() or None
+        except FileNotFoundError:
+            return None
 
 
 @dataclass(frozen=True)
@@ -51,14 +80,25 @@ class FleetHost:
         from gemmaserve.ops.endpoint import Credentials, Endpoint
 
         credentials = Credentials.from_env(environ)
-        if credentials.api_key is None and self.data.get("gemmaserve_sandbox"):
-            from gemmaserve.sandbox import credentials as sandbox_credentials
-            from gemmaserve.sandbox.state import load_state
-
-            host = load_state().host(self.name)
-            if host is not None:
-                return sandbox_credentials.endpoint(host)
+        client = self.client_credentials
+        if credentials.api_key is None and client is not None:
+            credentials = Credentials(client.api_key(), client.ca_cert)
         return Endpoint(f"https://{self.address}:{self.plan.router_port}/v1", credentials)
+
+    @cached_property
+    def client_credentials(self) -> ClientCredentials | None:
+        """Host data `gemmaserve_client_credentials`, validated: the key and CA a client of this host uses when
+        the operator names none (the sandbox's inventory sets them to the sandbox's own); None where unset."""
+        value = self.data.get(CLIENT_CREDENTIALS_KEY)
+        if value is None:
+            return None
+        return validate_model(
+            ClientCredentials,
+            value,
+            f"host data of {self.name}",
+            prefix=(CLIENT_CREDENTIALS_KEY,),
+            expected="with ca_cert and api_key_file",
+        )
 
     def connect(self):
         """A testinfra host over ssh (paramiko), with the address, user, port and key pyinfra would use."""

@@ -8,10 +8,12 @@ The store format is the host program's (roles/access/files/api_keys.py), read an
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import math
 import os
+import secrets
 import shlex
 import sys
 import time
@@ -71,10 +73,18 @@ def weak_key(key: str) -> str | None:
     )
 
 
+def new_api_key() -> str:
+    """A random bearer key (256 bits); gemmaserve keys look like `gsk-...`."""
+    return "gsk-" + secrets.token_urlsafe(32)
+
+
+def key_digest(key: str) -> str:
+    """What stores, secrets and hosts hold instead of the key: "sha256:" + its hex SHA-256."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
 def new_key() -> tuple[str, str]:
     """(key, its digest "sha256:...")."""
-    from gemmaserve.sandbox.credentials import key_digest, new_api_key
-
     key = new_api_key()
     return key, key_digest(key)
 

@@ -9,13 +9,12 @@ names its address, its name, `localhost` and 127.0.0.1. The key is one per sandb
 from __future__ import annotations
 
 import datetime
-import hashlib
 import ipaddress
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from gemmaserve.ops.keys import key_digest, new_api_key
 from gemmaserve.sandbox import state
 
 TLS_DIR = state.STATE_DIR / "tls"
@@ -35,15 +34,6 @@ class HostCredentials:
     tls_bundle: Path  # PEM chain + private key, root-only: what the host serves (access_tls_src)
     api_key: str
     key_store: Path  # the key's digest store, root-only (access_api_keys_src)
-
-
-def new_api_key() -> str:
-    """A random bearer key (256 bits); gemmaserve keys look like `gsk-...`."""
-    return "gsk-" + secrets.token_urlsafe(32)
-
-
-def key_digest(key: str) -> str:
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -138,3 +138,44 @@ def test_hosts_without_host_key_checking_share_one_ssh_config_removed_at_exit(tm
     (first, second), text = json.loads(result.stdout)
     assert first == second and first.startswith(str(tmp_path)) and "StrictHostKeyChecking no" in text
     assert list(tmp_path.iterdir()) == []
+
+
+# --- an endpoint's client credentials ---------------------------------------------------------------
+
+GPU8_DATA = {"gemmaserve_model": "e2b", "gemmaserve_accelerator": {"kind": "cpu"}}
+
+
+def client_host(tmp_path, **credentials) -> fleet.FleetHost:
+    data = {**GPU8_DATA, "ssh_hostname": "10.0.0.5", fleet.CLIENT_CREDENTIALS_KEY: credentials}
+    return fleet.FleetHost("h1", data)
+
+
+def test_a_hosts_client_credentials_are_used_when_the_operator_names_none(tmp_path) -> None:
+    key_file = tmp_path / "api-key"
+    key_file.write_text("gsk-from-the-file\n")
+    host = client_host(tmp_path, ca_cert="/etc/ca.pem", api_key_file=str(key_file))
+    endpoint = host.endpoint(environ={})
+    assert endpoint.base_url == f"https://10.0.0.5:{host.plan.router_port}/v1"
+    assert (endpoint.credentials.api_key, endpoint.credentials.ca_cert) == ("gsk-from-the-file", "/etc/ca.pem")
+    # The operator's key and CA win; a key file not there (yet) is no key, as with none named.
+    named = host.endpoint(environ={"GEMMASERVE_API_KEY": "gsk-mine", "GEMMASERVE_CA_CERT": "/mine.pem"})
+    assert (named.credentials.api_key, named.credentials.ca_cert) == ("gsk-mine", "/mine.pem")
+    key_file.unlink()
+    assert fleet.FleetHost("h1", dict(host.data)).endpoint(environ={}).credentials.api_key is None
+    assert fleet.FleetHost("h1", GPU8_DATA).endpoint(environ={}).credentials.ca_cert is None
+
+
+def test_a_hosts_client_credentials_are_validated(tmp_path) -> None:
+    from gemmaserve.sources import spec_from_host_data
+    from gemmaserve.spec import SpecError
+
+    good = client_host(tmp_path, ca_cert="/ca.pem", api_key_file="/key")
+    assert spec_from_host_data(good.data, "h1").accelerator.kind == "cpu"  # an allowed host data key
+    for credentials, problem in (
+        ({"ca_cert": "ca.pem", "api_key_file": "/key"}, "must be an absolute path"),
+        ({"ca_cert": "/ca.pem"}, "api_key_file"),
+        ({"ca_cert": "/ca.pem", "api_key_file": "/key", "api_key": "gsk-x"}, "api_key"),
+    ):
+        with pytest.raises(SpecError) as caught:
+            client_host(tmp_path, **credentials).endpoint(environ={})
+        assert "host data of h1" in str(caught.value) and problem in str(caught.value), caught.value

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-from gemmaserve.sandbox.credentials import key_digest
+from gemmaserve.ops.keys import key_digest
 from tests.roles.files.programs import load
 
 REPO = Path(__file__).resolve().parents[2]
