@@ -1,4 +1,4 @@
-"""The `gemmaserve` command line: plan, demo, status, verify, bench, keys, capacity, sandbox, tiny-model."""
+"""The operator's `gemmaserve` commands: plan, status, verify, bench, weights, keys, capacity."""
 
 from __future__ import annotations
 
@@ -212,27 +212,6 @@ def _print_plan(result) -> None:
         console.print(f"[bold]routing[/bold]: {result.routing.describe()}", markup=True, highlight=False)
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
-
-
-@app.command("demo")
-def demo(
-    down: bool = typer.Option(False, "--down", help="Remove everything the demo made."),
-    weights: str = typer.Option(
-        "local", "--weights", help="local: the bound test model; bucket: mirror it into the sandbox's bucket, pull it."
-    ),
-    engine: str = typer.Option(
-        "wheel", "--engine", help="wheel (the pinned venv) or container (the same vLLM from a locally built image)."
-    ),
-) -> None:
-    """Sandbox host -> real pyinfra deploy -> vLLM (CPU) + HAProxy -> verified endpoint."""
-    from gemmaserve.sandbox.demo import DemoError, run_demo, run_demo_down
-
-    if weights not in ("local", "bucket"):
-        _fail(f"error: --weights = {weights!r}: allowed: local, bucket", EXIT_BAD_INPUT)
-    try:
-        run_demo_down() if down else run_demo(engine, weights=weights)
-    except DemoError as error:
-        _fail(f"demo failed: {error}", 1)
 
 
 weights_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
@@ -543,15 +522,6 @@ def keys_list(
             typer.echo(f"  {entry['id']:<24} {entry['created']}")
 
 
-@app.command("tiny-model")
-def tiny_model(out: str = typer.Argument(..., help="Directory to write the checkpoint to.")) -> None:
-    """Build a tiny, randomly initialised Gemma 4 checkpoint (a TEST model, not for production)."""
-    from gemmaserve.sandbox.tiny_model import build_tiny_model
-
-    path = build_tiny_model(out)
-    typer.echo(f"tiny test model written to {path}")
-
-
 capacity_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False)
 _STACK = typer.Option(..., "--stack", help="The Pulumi stack (Pulumi.STACK.yaml).")
 _PROJECT_DIR = typer.Option(Path("."), "--project-dir", help="Where Pulumi.yaml and the stack files are.")
@@ -649,16 +619,9 @@ def _duration_option(flag: str, value: str) -> float:
         _fail(f"error: {flag} = {value!r}: {error}", EXIT_BAD_INPUT)
 
 
-def _register_subcommands() -> None:
-    # The sandbox sub-app imports only typer at module level, so `gemmaserve plan` stays under a second.
-    from gemmaserve.sandbox.cli import sandbox_app
-
-    app.add_typer(sandbox_app, name="sandbox", help="Local sandbox hosts (systemd-nspawn) for demos and tests.")
-    app.add_typer(
-        capacity_app,
-        name="capacity",
-        help="TPU queued resources and GPU VMs of a stack: status, wait until ACTIVE, watch (re-queue, recycle).",
-    )
-
-
-_register_subcommands()
+# The sandbox's commands (demo, tiny-model, sandbox) are not here: gemmaserve/__main__.py plugs them in.
+app.add_typer(
+    capacity_app,
+    name="capacity",
+    help="TPU queued resources and GPU VMs of a stack: status, wait until ACTIVE, watch (re-queue, recycle).",
+)

@@ -1,4 +1,5 @@
-"""`gemmaserve sandbox ...`: bring local systemd-nspawn hosts up and down."""
+"""The sandbox's commands, plugged into the operator's CLI: `gemmaserve sandbox ...` (local systemd-nspawn
+hosts up and down), `gemmaserve demo` and `gemmaserve tiny-model`."""
 
 from __future__ import annotations
 
@@ -171,3 +172,58 @@ def bench(
         from gemmaserve.ops.conversations import report
 
         report(runs, out, stem="routing", log=typer.echo)
+
+
+def demo(
+    down: bool = typer.Option(False, "--down", help="Remove everything the demo made."),
+    weights: str = typer.Option(
+        "local", "--weights", help="local: the bound test model; bucket: mirror it into the sandbox's bucket, pull it."
+    ),
+    engine: str = typer.Option(
+        "wheel", "--engine", help="wheel (the pinned venv) or container (the same vLLM from a locally built image)."
+    ),
+) -> None:
+    """Sandbox host -> real pyinfra deploy -> vLLM (CPU) + HAProxy -> verified endpoint."""
+    from gemmaserve.sandbox.demo import DemoError, run_demo, run_demo_down
+
+    if weights not in ("local", "bucket"):
+        typer.echo(f"error: --weights = {weights!r}: allowed: local, bucket", err=True)
+        raise typer.Exit(2)
+    try:
+        run_demo_down() if down else run_demo(engine, weights=weights)
+    except DemoError as error:
+        typer.echo(f"demo failed: {error}", err=True)
+        raise typer.Exit(1) from None
+
+
+def tiny_model(out: str = typer.Argument(..., help="Directory to write the checkpoint to.")) -> None:
+    """Build a tiny, randomly initialised Gemma 4 checkpoint (a TEST model, not for production)."""
+    from gemmaserve.sandbox.tiny_model import build_tiny_model
+
+    path = build_tiny_model(out)
+    typer.echo(f"tiny test model written to {path}")
+
+
+def plug_into(app: typer.Typer) -> typer.Typer:
+    """Add the sandbox's commands to the operator's CLI (gemmaserve.ops.cli), which imports nothing of the
+    sandbox: `demo` after `plan`, `tiny-model` after the other commands, the `sandbox` group before `capacity`,
+    where `gemmaserve --help` lists them."""
+    if any(info.name == "demo" for info in app.registered_commands):
+        return app
+    app.command("demo")(demo)
+    app.command("tiny-model")(tiny_model)
+    app.add_typer(sandbox_app, name="sandbox", help="Local sandbox hosts (systemd-nspawn) for demos and tests.")
+    _move(app.registered_commands, "demo", after="plan")
+    _move(app.registered_groups, "sandbox", before="capacity")
+    return app
+
+
+def _move(infos: list, name: str, after: str | None = None, before: str | None = None) -> None:
+    """Move the command or group `name` right after `after` or right before `before` (where that one is)."""
+    names = [info.name for info in infos]
+    anchor = after or before
+    if name not in names or anchor not in names:
+        return
+    info = infos.pop(names.index(name))
+    names.remove(name)
+    infos.insert(names.index(anchor) + (1 if after else 0), info)
