@@ -103,12 +103,24 @@ class Quantization:
     flags: tuple[str, ...] = ()
     # What vLLM turns --kv-cache-dtype auto into for this checkpoint (None: the model's dtype).
     kv_cache_dtype: str | None = None
+    # Which layers tpu-inference 0.32.0's JAX path (the one Gemma 4 runs on TPU) has a method for:
+    # "all", "dense" (not MoE experts) or "none" (TPU_QUANTIZATION_SOURCE).
+    tpu_layers: str = "none"
 
     def describe(self) -> str:
         return f"{self.method} ({self.scheme})"
 
 
 _VLLM_QUANT = "vllm/model_executor/layers/quantization"
+# tpu-inference 0.32.0 (what vllm-tpu 0.32.0 pins) serves Gemma 4 on its JAX path (models/common/model_loader.py
+# resolve_model_architecture: flax_nnx unless the architecture is vLLM-preferred), whose quantization is
+# get_tpu_quantization_config: unquantized, fp8, mxfp4, compressed-tensors; and in compressed-tensors
+# (layers/jax/quantization/compressed_tensors.py get_quant_method) FP8 W8A8 for every layer, symmetric
+# pack-quantized INT4 W4A16 (no actorder group) for dense layers only; anything else raises NotImplementedError.
+TPU_QUANTIZATION_SOURCE = (
+    "tpu_inference/layers/jax/quantization/__init__.py get_tpu_quantization_config and compressed_tensors.py "
+    "get_quant_method, tpu-inference 0.32.0"
+)
 _CT = f"{_VLLM_QUANT}/compressed_tensors"
 
 
@@ -145,16 +157,36 @@ def _compressed_tensors(config: dict[str, Any]) -> Quantization:
             )
         # CompressedTensorsW8A8Fp8.get_min_capability 89; below it vLLM falls back to W8A16 (75).
         dynamic = "dynamic" if inputs.get("dynamic") else "static"
+        # Block-wise FP8 is not implemented for the JAX path's merged (gate/up) linears.
+        tpu = "none" if weights.get("block_structure") else "all"
         return Quantization(
-            "compressed-tensors", f"fp8-w8a8-{dynamic}", 75, 89, f"{source}; schemes/compressed_tensors_w8a8_fp8.py"
+            "compressed-tensors",
+            f"fp8-w8a8-{dynamic}",
+            75,
+            89,
+            f"{source}; schemes/compressed_tensors_w8a8_fp8.py",
+            tpu_layers=tpu,
         )
     if w_type == "int" and w_bits == 8 and inputs is not None:
         return Quantization(
             "compressed-tensors", "int8-w8a8", 75, 75, f"{source}; schemes/compressed_tensors_w8a8_int8.py"
         )
     if w_type == "int" and w_bits in (4, 8) and inputs is None:
+        tpu_w4a16 = (
+            w_bits == 4
+            and weights.get("symmetric", True)
+            and not weights.get("dynamic")
+            and weights.get("strategy") in ("group", "channel")
+            and weights.get("actorder") != "group"
+            and (group.get("format") or fmt) in ("pack-quantized", "")
+        )
         return Quantization(
-            "compressed-tensors", f"int{w_bits}-w{w_bits}a16", 75, 75, f"{source}; schemes/compressed_tensors_wNa16.py"
+            "compressed-tensors",
+            f"int{w_bits}-w{w_bits}a16",
+            75,
+            75,
+            f"{source}; schemes/compressed_tensors_wNa16.py",
+            tpu_layers="dense" if tpu_w4a16 else "none",
         )
     raise CheckpointError(
         f"quantization_config: compressed-tensors weights {w_type}{w_bits} (format {fmt!r}): gemmaserve has not "
@@ -224,7 +256,7 @@ def parse_quantization(config: dict[str, Any] | None) -> Quantization | None:
         # Fp8Config.get_min_capability 75: W8A8 FP8 GEMMs where the platform supports_fp8 (cc >= 8.9,
         # platforms/cuda.py), Marlin weight-only FP8 below.
         scheme = "fp8-block" if config.get("weight_block_size") else "fp8"
-        return Quantization("fp8", scheme, 75, 89, f"{_VLLM_QUANT}/fp8.py Fp8Config, v0.32.0")
+        return Quantization("fp8", scheme, 75, 89, f"{_VLLM_QUANT}/fp8.py Fp8Config, v0.32.0", tpu_layers="all")
     if method == "awq":
         # AutoAWQConfig.override_quantization_method names it auto_awq on GPUs (on the CPU build it stays awq,
         # the same config class); get_min_capability 75.

@@ -6,13 +6,15 @@ Pure and fast: no cloud SDK, no I/O. Every flag and env var a host ends up with 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 
 from gemmaserve import engines
 from gemmaserve.catalog import Accelerator, GiB, ModelInfo
-from gemmaserve.checkpoint import Adapter, Quantization
+from gemmaserve.checkpoint import TPU_QUANTIZATION_SOURCE, Adapter, Quantization
 from gemmaserve.kv_cache import (
     CUDAGRAPH_GIB,
     DEFAULT_BLOCK_SIZE,
@@ -24,7 +26,7 @@ from gemmaserve.kv_cache import (
     tpu_block_size,
     tpu_kv_layout,
 )
-from gemmaserve.spec import Spec
+from gemmaserve.spec import Spec, SpecError
 from gemmaserve.vllm_releases import VllmRelease, vllm_release
 
 # Where the vllm role installs vLLM's Gemma 4 tool chat template (examples/tool_chat_template_gemma4.jinja).
@@ -364,6 +366,8 @@ class RoutingPlan:
     replica_max_requests: int
     queue_seconds: int = ROUTING_QUEUE_SECONDS
     session_header: str = SESSION_HEADER
+    # Where a fleet's hosts take each other's forwards (plan_fleet); None: not planned for a host.
+    peer_port: int | None = None
 
     @property
     def prefix_affinity(self) -> bool:
@@ -378,6 +382,12 @@ class RoutingPlan:
             f"its first messages), none above {self.load_bound_percent / 100:g}x the mean load; "
             f"{self.replica_max_requests} in flight per replica (max_num_seqs), then {self.queue_seconds} s queued, "
             "then 429"
+            + (
+                f"; hosts of one fleet (host data gemmaserve_fleet) send each conversation to its host's port "
+                f"{self.peer_port}"
+                if self.peer_port
+                else ""
+            )
         )
 
     def to_json(self) -> dict:
@@ -388,6 +398,127 @@ class RoutingPlan:
             "queue_seconds": self.queue_seconds if self.prefix_affinity else None,
             "session_header": self.session_header if self.prefix_affinity else None,
         }
+
+
+# Across hosts (docs/routing.md#across-hosts): the hosts of one fleet hash each conversation to one host on a second
+# ring, of hosts, and forward it there; the host takes its peers' forwards on its private address, on this port
+# past the serving port, and routes them to its own replicas.
+FLEET_PEER_PORT_OFFSET = 1
+# The entry host sends the routing key's digest on in this header. The peer listener trusts it, from the fleet's
+# addresses only; the serving port removes it from clients' requests.
+ROUTE_KEY_HEADER = "X-Gemmaserve-Route-Key"
+# HAProxy places a server's points on a consistent-hash ring from its id alone, full_hash(puid * SRV_EWGHT_RANGE +
+# n) for n < 16 x weight (chash_init_server_tree, src/lb_chash.c at v2.6.0; SRV_EWGHT_RANGE = 256 x 16 = 4096,
+# include/haproxy/server-t.h), so hosts that give each peer the same id build the same ring ("all servers have the
+# exact same IDs", hash-type in https://docs.haproxy.org/2.6/configuration.html#4.2-hash-type). Ids below 2**20
+# never share a point.
+FLEET_ID_LIMIT = 2**20
+FLEET_ADDRESS_ALLOWED = (
+    "the host's private IPv4 address (host data gemmaserve_private_address, else an ssh_hostname that is one)"
+)
+
+
+def fleet_host_id(name: str) -> int:
+    """A host's id on every fleet ring, from its name alone: a host that joins or leaves moves no other host's
+    points, as a position in a list would."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % (FLEET_ID_LIMIT - 1) + 1
+
+
+@dataclass(frozen=True)
+class FleetMember:
+    name: str
+    address: str
+    # The HAProxy server id that places this host's points on the ring (fleet_host_id, unique in the fleet).
+    id: int
+
+    @property
+    def server_name(self) -> str:
+        """The host's name as an HAProxy server name (letters, digits, '.', '-', '_')."""
+        return re.sub(r"[^A-Za-z0-9._-]", "_", self.name)
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """The hosts that route as one: every host forwards each conversation to the host that owns it on one ring of
+    them all (itself included), at `peer_port` on the owner's private address."""
+
+    members: tuple[FleetMember, ...]
+    self_name: str
+    peer_port: int
+
+    @property
+    def own(self) -> FleetMember:
+        return next(m for m in self.members if m.name == self.self_name)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [m.address for m in self.members]
+
+    def describe(self) -> str:
+        hosts = ", ".join(f"{m.name} {m.address}" for m in self.members)
+        return f"fleet of {len(self.members)} hosts ({hosts}), each conversation to one host, peers on port {self.peer_port}"
+
+    def to_json(self) -> dict:
+        return {
+            "peer_port": self.peer_port,
+            "hosts": [{"name": m.name, "address": m.address, "id": m.id} for m in self.members],
+        }
+
+
+def plan_fleet(self_name: str, members: list[tuple[str, str | None, Spec]]) -> FleetPlan | None:
+    """The fleet of `self_name` from its hosts as (name, private address, spec), or None when there is nothing to
+    route across: one host, or least-outstanding (each host serves what the load balancer sends it). SpecError
+    names the host, the field, the value and what is allowed."""
+    by_name = {name: (address, spec) for name, address, spec in members}
+    if self_name not in by_name:
+        raise ValueError(f"{self_name} is not one of its fleet's hosts {sorted(by_name)}")
+    own = by_name[self_name][1].serving
+    if len(by_name) < 2 or own.routing != "prefix-affinity":
+        return None
+    problems: list[str] = []
+    peer_port = own.router_port + FLEET_PEER_PORT_OFFSET
+    seen: dict[str, str] = {}
+    for name, (address, spec) in sorted(by_name.items()):
+        serving = spec.serving
+        for field_name in ("router_port", "routing"):
+            value, expected = getattr(serving, field_name), getattr(own, field_name)
+            if value != expected:
+                problems.append(
+                    f"{name}: serving.{field_name} = {value!r}: differs from {self_name}'s in one fleet; "
+                    f"allowed: {expected!r}"
+                )
+        try:
+            valid = isinstance(ipaddress.ip_address(address or ""), ipaddress.IPv4Address)
+        except ValueError:
+            valid = False
+        if not valid:
+            problems.append(
+                f"{name}: gemmaserve_private_address = {address!r}: not an IPv4 address; allowed: {FLEET_ADDRESS_ALLOWED}"
+            )
+        elif address in seen:
+            problems.append(
+                f"{name}: gemmaserve_private_address = {address!r}: also {seen[address]}'s; allowed: one address per host"
+            )
+        else:
+            seen[address] = name
+        last_replica_port = serving.base_port + spec.accelerator.count - 1
+        if peer_port > 65535 or serving.base_port <= peer_port <= last_replica_port:
+            problems.append(
+                f"{name}: serving.router_port = {serving.router_port}: its fleet peer port {peer_port} (router_port + "
+                f"{FLEET_PEER_PORT_OFFSET}) is past 65535 or a replica port ({serving.base_port}..{last_replica_port}); "
+                "allowed: a router_port whose next port is free"
+            )
+    if problems:
+        raise SpecError(problems, f"fleet of {self_name}")
+    ids: dict[int, str] = {}
+    for name in sorted(by_name):
+        # Two names on one id (about 1 in 2 million per pair): the later name takes the next free id.
+        host_id = fleet_host_id(name)
+        while host_id in ids:
+            host_id = host_id % (FLEET_ID_LIMIT - 1) + 1
+        ids[host_id] = name
+    fleet = tuple(FleetMember(name, by_name[name][0] or "", host_id) for host_id, name in ids.items())
+    return FleetPlan(tuple(sorted(fleet, key=lambda m: m.name)), self_name, peer_port)
 
 
 def access_plan(spec: Spec) -> AccessPlan:
@@ -434,7 +565,8 @@ class Plan:
         # Admission at the concurrency vLLM itself runs: past max_num_seqs a request would only wait inside
         # vLLM, where the balancer can neither count it nor give up on it cleanly.
         seqs = min((r.capacity.max_num_seqs for r in self.replicas), default=0)
-        return RoutingPlan(self.spec.serving.routing, ROUTING_LOAD_BOUND_PERCENT, seqs)
+        peer_port = self.router_port + FLEET_PEER_PORT_OFFSET
+        return RoutingPlan(self.spec.serving.routing, ROUTING_LOAD_BOUND_PERCENT, seqs, peer_port=peer_port)
 
     @property
     def token_source_path(self) -> str | None:
@@ -906,10 +1038,15 @@ def _quantization_problems(spec: Spec, quantization: Quantization | None, warnin
     elif acc.vendor == "amd" and quantization.method not in ROCM_QUANTIZATION:
         return [f"{what}: vLLM's ROCm platform does not run {quantization.method} (vllm/platforms/rocm.py, v0.32.0)"]
     elif acc.is_tpu:
-        return [
-            f"{what}: gemmaserve has not checked tpu-inference's quantization support against its source; "
-            "allowed on TPU: an unquantized (BF16) checkpoint"
-        ]
+        if quantization.tpu_layers == "none":
+            return [
+                f"{what}: tpu-inference's JAX path, which serves Gemma 4 on TPU, has no method for it; allowed on "
+                f"TPU: unquantized, fp8, compressed-tensors FP8 W8A8 or (dense models) INT4 W4A16 ({TPU_QUANTIZATION_SOURCE})"
+            ]
+        if quantization.tpu_layers == "dense" and spec.model_info.is_moe:
+            return [
+                f"{what}: tpu-inference's JAX path quantizes MoE experts only as FP8 W8A8 ({TPU_QUANTIZATION_SOURCE})"
+            ]
     elif acc.is_cpu:
         warnings.append(f"{what}: whether vLLM's CPU build has kernels for it is not checked by gemmaserve")
     return []

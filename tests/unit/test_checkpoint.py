@@ -273,7 +273,13 @@ def test_nvfp4_weights_count_their_packed_bytes(tmp_path: Path) -> None:
         ("modelopt-fp8", "a100-80gb", "weight-only"),
         ("ct-w8a8-int8", "a100-80gb", "native"),
         ("awq", "mi300x", "native"),
-        ("ct-fp8-static", "tpu-v6e", "refused"),
+        # tpu-inference 0.32.0's JAX path: FP8 W8A8, fp8 and dense INT4 W4A16 only
+        ("ct-fp8-static", "tpu-v6e", "native"),
+        ("fp8-block", "tpu-v6e", "native"),
+        ("ct-w4a16", "tpu-v6e", "native"),
+        ("ct-nvfp4", "tpu-v6e", "refused"),
+        ("awq", "tpu-v6e", "refused"),
+        ("ct-w8a8-int8", "tpu-v6e", "refused"),
     ],
 )
 def test_hardware_rules(name, accelerator, outcome, tmp_path: Path) -> None:
@@ -286,6 +292,17 @@ def test_hardware_rules(name, accelerator, outcome, tmp_path: Path) -> None:
         "weight-only": (False, True),
         "refused": (True, False),
     }[outcome], (result.refusals, result.warnings)
+
+
+def test_tpu_quantizes_moe_experts_only_as_fp8(tmp_path: Path) -> None:
+    def moe(name: str) -> Path:
+        config = stock_config("26b-a4b") | {"quantization_config": quantization_config(name)}
+        return checkpoint_dir(tmp_path / f"26b-{name}", config, 14 * 10**9)
+
+    tpu = {"kind": "tpu-v6e", "count": 4}
+    refused = plan(parse_spec({"model": str(moe("ct-w4a16")), "accelerator": tpu}))
+    assert not refused.ok and "MoE experts only as FP8 W8A8" in refused.refusals[0]
+    assert plan(parse_spec({"model": str(moe("ct-fp8-dynamic")), "accelerator": tpu})).ok
 
 
 def test_a_gpu_below_the_minimum_capability_is_refused(tmp_path: Path, monkeypatch) -> None:
