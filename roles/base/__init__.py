@@ -1,21 +1,28 @@
-"""Base host preparation: packages, time sync, open-file limits, the gemmaserve user and directories."""
+"""Base host preparation: packages, time sync, open-file limits, the gemmaserve user, the weights disk and
+directories."""
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+
+from pydantic import Field, field_validator
 from pyinfra import host
 from pyinfra.api import deploy, operation
 from pyinfra.facts.server import Command
 from pyinfra.operations import server
 
 from gemmaserve.plan import HF_HOME, STATE_DIR
+from gemmaserve.sources import capacity_from_host_data
 from roles._lib.apt import install_packages
 from roles._lib.facts import HostState
 from roles._lib.managed import managed_directory, managed_file, managed_service
 from roles._lib.settings import DebianPackage, RoleSettings
+from roles.base.disk import GCE_WEIGHTS_DEVICE, TPU_WEIGHTS_DEVICE, weights_disk
 
 LIMITS = "/etc/security/limits.d/90-gemmaserve.conf"
 SERVICE_USER = "gemmaserve"
+# A block device's path: /dev/ and '/'-separated names of A-Z, a-z, 0-9, '.', '_', ':' and '-' (no '.' or '..').
+DEVICE_PATH = re.compile(r"/dev(/(?!\.\.?(/|$))[A-Za-z0-9._:-]+)+")
 
 
 class Settings(RoleSettings):
@@ -23,6 +30,33 @@ class Settings(RoleSettings):
     packages: tuple[DebianPackage, ...] = ("ca-certificates", "curl", "python3", "python3-venv", "libnuma1")
     # Serving keeps one socket per streaming client plus model shards open: raise the limit.
     nofile: int = Field(1048576, ge=1024, le=1073741816)  # at most the kernel's nr_open ceiling
+    # The disk the state directory (weights, the HF cache, compile caches) is mounted from. "auto": the disk
+    # the stack attaches, by how the host was bought (gemmaserve_capacity.kind, from the stack's hosts
+    # output): a GPU VM's `weights` disk, a TPU VM's data disk; a static host (the sandbox's) has none, and
+    # a cloud host without the disk (local-ssd or `none` weights_disk) keeps the boot disk. "none": never
+    # mount one. A /dev/... path: that disk, which must then exist.
+    weights_device: str = "auto"
+
+    @field_validator("weights_device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if value in ("auto", "none"):
+            return value
+        if DEVICE_PATH.fullmatch(value):
+            return value
+        raise ValueError(
+            "allowed: auto, none, or a block device's path under /dev/ such as /dev/disk/by-id/google-weights"
+        )
+
+
+def weights_device_for(settings: Settings, host_data: dict, host_name: str) -> str | None:
+    """The weights disk's stable path on this host, or None when it has none (base_weights_device)."""
+    if settings.weights_device == "none":
+        return None
+    if settings.weights_device != "auto":
+        return settings.weights_device
+    kind = capacity_from_host_data(host_data, host_name).kind
+    return {"gce-vm": GCE_WEIGHTS_DEVICE, "tpu-vm": TPU_WEIGHTS_DEVICE}.get(kind)
 
 
 @operation()
@@ -62,6 +96,15 @@ def base() -> None:
         managed_service(name="Run chrony for time sync", service="chrony.service", current=now.unit("chrony.service"))
     account = (host.get_fact(Command, "getent group gemmaserve; getent passwd gemmaserve || true") or "").splitlines()
     service_account(name="Create the gemmaserve system user", account=account)
+    # Before the state directory is made: the disk is mounted there, and what the directory already held is
+    # copied onto a freshly made file system first.
+    device = weights_device_for(settings, host.data.dict(), host.name)
+    weights_disk(
+        name=f"Mount the weights disk at {STATE_DIR}",
+        device=device,
+        mount_point=STATE_DIR,
+        required=settings.weights_device not in ("auto", "none"),
+    )
     managed_directory(
         name="Create /etc/gemmaserve",
         path="/etc/gemmaserve",

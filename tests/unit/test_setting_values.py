@@ -75,6 +75,7 @@ SETTINGS = [
     ("access_tls_src", "certs/tls.pem\nx", "certs/my tls.pem"),
     ("access_api_keys_src", "keys\x00", "/home/me/api-keys"),
     ("base_packages", ["curl; rm -rf /"], ["curl", "libstdc++6", "python3.12-venv"]),
+    ("base_weights_device", "/dev/sdb; mkfs /dev/sda", "/dev/disk/by-id/google-weights"),
     ("cache_save_interval", "30min\nExecStartPre=/bin/sh", "1h30min"),
     ("cache_gcs_uri", "gs://bucket/$(id)", "gs://my-bucket/caches"),
     ("monitoring_listen", "127.0.0.1:9090 --web.enable-admin-api", "0.0.0.0:9090"),
