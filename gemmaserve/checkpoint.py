@@ -425,7 +425,7 @@ def load_checkpoint(name: str, revision: str | None = None) -> Checkpoint:
     """Read a Gemma 4 checkpoint (local directory, or hub repository in the local HF cache) into a Checkpoint.
 
     A fine-tune with a stock model's architecture and an unquantized checkpoint keeps that model's serving facts
-    (vision-tower split, MTP assistant), so it plans exactly like its base.
+    (vision-tower split, MTP assistant), so it plans exactly like its base; a quantized one keeps the tower split.
     """
     ref = CheckpointRef(name, revision)
     config = read_json(ref, CONFIG_FILE, (CONFIG_FILE, INDEX_FILE))
@@ -450,6 +450,10 @@ def load_checkpoint(name: str, revision: str | None = None) -> Checkpoint:
             mtp_assistant=base.mtp_assistant,
             mtp_assistant_bytes=base.mtp_assistant_bytes,
         )
+    elif base is not None:
+        # Whether the recipe left the vision tower in BF16 is not read; counting the base's BF16 tower whole on
+        # every rank is the upper bound of weights per device (the total is exact), so KV is never overstated.
+        info = replace(info, total_params_b=base.total_params_b, vision_tower_bytes=min(base.vision_tower_bytes, total))
     return Checkpoint(info, quantization, base)
 
 

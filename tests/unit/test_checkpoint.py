@@ -340,11 +340,26 @@ def test_an_nvfp4_kv_cache_is_refused_not_guessed(tmp_path: Path) -> None:
     assert explicit.ok
 
 
-def test_a_quantized_fine_tune_keeps_no_stock_facts(tmp_path: Path) -> None:
+def test_a_quantized_fine_tune_counts_the_bf16_tower_on_every_rank(tmp_path: Path) -> None:
+    """The upper bound of weights per device: the base's BF16 vision tower whole on each rank, the rest split."""
     root = quantized_dir(tmp_path, "awq", 18 * 10**9)
     checkpoint = load_checkpoint(str(root))
-    assert checkpoint.base == CATALOG.model("31b")
-    assert checkpoint.info.checkpoint_bytes == 18 * 10**9 and checkpoint.info.vision_tower_bytes == 0
+    base = CATALOG.model("31b")
+    assert checkpoint.base == base and checkpoint.info.mtp_assistant is None
+    assert checkpoint.info.checkpoint_bytes == 18 * 10**9
+    assert checkpoint.info.vision_tower_bytes == base.vision_tower_bytes
+    result = plan(
+        parse_spec(
+            {
+                "model": str(root),
+                "accelerator": {"kind": "h100-80gb", "count": 2},
+                "serving": {"tensor_parallel_size": 2},
+            }
+        )
+    )
+    tower = base.vision_tower_bytes
+    expected = ((18 * 10**9 - tower) / 2 + tower) / 1024**3
+    assert result.replicas[0].capacity.weights_gib_per_device == pytest.approx(expected, abs=0.01)
 
 
 # --- LoRA adapters --------------------------------------------------------------------------------------------------
