@@ -129,18 +129,33 @@ def _ct_args(group: dict[str, Any], key: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+_TPU_LAYERS = ("none", "dense", "all")
+
+
 def _compressed_tensors(config: dict[str, Any]) -> Quantization:
-    """The scheme of the first config group, as CompressedTensorsConfig._get_scheme_from_parts picks it."""
+    """Each config group's scheme as CompressedTensorsConfig._get_scheme_from_parts picks it; with several groups
+    (mixed precision) the most demanding one decides capability and TPU support."""
     groups = config.get("config_groups") or {}
-    if not isinstance(groups, dict) or not groups:
+    if not isinstance(groups, dict) or not groups or not all(isinstance(g, dict) for g in groups.values()):
         raise CheckpointError(
             "quantization_config.config_groups: missing; a compressed-tensors config names its schemes"
         )
-    group = next(iter(groups.values()))
+    schemes = [_ct_group(name, group, str(config.get("format", ""))) for name, group in groups.items()]
+    first = schemes[0]
+    return replace(
+        first,
+        scheme="+".join(dict.fromkeys(q.scheme for q in schemes)),
+        min_capability=max(q.min_capability for q in schemes),
+        native_capability=max(q.native_capability for q in schemes),
+        source="; ".join(dict.fromkeys(q.source for q in schemes)),
+        tpu_layers=min((q.tpu_layers for q in schemes), key=_TPU_LAYERS.index),
+    )
+
+
+def _ct_group(name: str, group: dict[str, Any], fmt: str) -> Quantization:
     weights, inputs = _ct_args(group, "weights"), _ct_args(group, "input_activations")
-    fmt = str(config.get("format", ""))
     if weights is None:
-        raise CheckpointError("quantization_config.config_groups.*.weights: missing")
+        raise CheckpointError(f"quantization_config.config_groups.{name}.weights: missing")
     w_type, w_bits = weights.get("type"), weights.get("num_bits")
     source = f"{_CT}/compressed_tensors.py _get_scheme_from_parts, v0.32.0"
     if fmt == "nvfp4-pack-quantized" or (w_type == "float" and w_bits == 4 and weights.get("group_size") == 16):
@@ -189,7 +204,7 @@ def _compressed_tensors(config: dict[str, Any]) -> Quantization:
             tpu_layers="dense" if tpu_w4a16 else "none",
         )
     raise CheckpointError(
-        f"quantization_config: compressed-tensors weights {w_type}{w_bits} (format {fmt!r}): gemmaserve has not "
+        f"quantization_config.config_groups.{name}: compressed-tensors weights {w_type}{w_bits} (format {fmt!r}): gemmaserve has not "
         "checked this scheme against vLLM's source; allowed: FP8 (W8A8 static/dynamic, W8A16), INT8 W8A8, "
         "W4A16/W8A16 INT, NVFP4"
     )

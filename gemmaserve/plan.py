@@ -914,6 +914,8 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
     argv += ["--tensor-parallel-size", str(tp)]
     if wl.dtype != "auto":
         argv += ["--dtype", wl.dtype]
+    if (checkpoint := spec.checkpoint) and checkpoint.quantization:
+        argv += list(checkpoint.quantization.flags)  # none today: vLLM detects every method read from config.json
     argv += ["--max-model-len", str(spec.max_model_len)]
     if not acc.is_cpu:  # the CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE instead
         argv += ["--gpu-memory-utilization", f"{wl.gpu_memory_utilization:.2f}"]

@@ -242,6 +242,19 @@ def test_quantization_config_is_read(name: str) -> None:
     assert q.flags == () and "v0.32.0" in q.source
 
 
+def test_mixed_precision_groups_take_the_most_demanding() -> None:
+    """FP8 attention with NVFP4 MLPs: NVFP4's native capability, FP8's TPU support limited by NVFP4's none."""
+    fp8, nvfp4 = quantization_config("ct-fp8-dynamic"), quantization_config("ct-nvfp4")
+    mixed = fp8 | {"config_groups": {"attn": fp8["config_groups"]["group_0"], "mlp": nvfp4["config_groups"]["group_0"]}}
+    q = parse_quantization(mixed)
+    assert (q.scheme, q.min_capability, q.native_capability, q.tpu_layers) == (
+        "fp8-w8a8-dynamic+nvfp4",
+        75,
+        100,
+        "none",
+    )
+
+
 def test_unknown_quantization_is_refused_by_name() -> None:
     with pytest.raises(CheckpointError, match="quant_method = 'bitsandbytes'.*allowed: compressed-tensors"):
         parse_quantization({"quant_method": "bitsandbytes"})
