@@ -986,6 +986,29 @@ def adapter_path(adapter: Adapter) -> str:
     return adapter.source
 
 
+def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
+    """Hub adapters the replicas could not get: no role fetches a pinned snapshot yet, and vLLM's own download
+    of an id (vllm/lora/utils.py get_adapter_absolute_path) cannot run under HF_HUB_OFFLINE."""
+    offline = spec.weights.source == "bucket" or spec.model_info.local_dir is not None
+    problems = []
+    for index, adapter in enumerate(adapters):
+        if adapter.source.startswith("/"):
+            continue
+        field = f"serving.lora_adapters[{index}]"
+        if adapter.revision:
+            problems.append(
+                f"{field}.revision = {adapter.revision!r}: a pinned hub adapter is served from its snapshot "
+                f"({adapter_path(adapter)}), which no role fetches yet; allowed: a directory on the hosts, or no "
+                "revision (vLLM downloads the id when it starts)"
+            )
+        elif offline:
+            problems.append(
+                f"{field}.source = {adapter.source!r}: the replicas run offline (HF_HUB_OFFLINE=1: weights from the "
+                "bucket or a directory), so vLLM cannot download it; allowed: a directory on the hosts"
+            )
+    return problems
+
+
 def _lora_argv(adapters: tuple[Adapter, ...]) -> list[str]:
     """Adapters loaded at start, one slot each in a batch (--max-loras), each its own model name."""
     if not adapters:
@@ -1154,6 +1177,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
             f"LoRA rank {max(a.rank for a in adapters)} is above vLLM's largest max_lora_rank {MAX_LORA_RANKS[-1]} "
             "(vllm/config/lora.py MaxLoRARanks, v0.32.0)"
         )
+    result.refusals += _adapter_problems(spec, adapters)
     if adapters:
         result.warnings.append(
             f"{len(adapters)} LoRA adapter(s) served: the memory vLLM reserves for LoRA slots is not counted in "

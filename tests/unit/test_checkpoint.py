@@ -417,18 +417,27 @@ def test_adapters_are_served_under_their_names(tmp_path: Path) -> None:
     assert result.replicas[0].cache_key != plain.replicas[0].cache_key
 
 
-def test_hub_adapter_at_a_revision_is_served_from_the_pinned_snapshot(tmp_path: Path, monkeypatch) -> None:
+def test_hub_adapters_the_replicas_cannot_get_are_refused(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     commit = "c" * 40
     text = (FIXTURES / "adapters" / "gemma4-31b-lora-r16.json").read_text()
     hub_cache(tmp_path / "hf", "my-org/gemma4-sql-lora", {"adapter_config.json": text}, commit)
-    adapter = {"name": "sql", "source": "my-org/gemma4-sql-lora", "revision": commit}
-    result = plan(
-        parse_spec({"model": "31b", "accelerator": {"kind": "h200"}, "serving": {"lora_adapters": [adapter]}})
-    )
-    argv = result.replicas[0].argv
-    path = f"/var/lib/gemmaserve/hf/hub/models--my-org--gemma4-sql-lora/snapshots/{commit}"
-    assert argv[argv.index("--lora-modules") + 1] == f"sql={path}"
+
+    def planned(adapter: dict, **more) -> object:
+        spec = {"model": "31b", "accelerator": {"kind": "h200"}, "serving": {"lora_adapters": [adapter]}, **more}
+        return plan(parse_spec(spec))
+
+    # By id: vLLM downloads it when it starts.
+    by_id = planned({"name": "sql", "source": "my-org/gemma4-sql-lora"})
+    assert by_id.ok and "sql=my-org/gemma4-sql-lora" in by_id.replicas[0].argv
+    # Pinned: the snapshot no role fetches yet.
+    pinned = planned({"name": "sql", "source": "my-org/gemma4-sql-lora", "revision": commit})
+    assert not pinned.ok and "serving.lora_adapters[0].revision" in pinned.refusals[0]
+    assert f"models--my-org--gemma4-sql-lora/snapshots/{commit}" in pinned.refusals[0]
+    # Offline replicas (weights from the bucket) cannot download it.
+    weights = {"source": "bucket", "bucket": "gs://my-weights", "revision": "d" * 40}
+    offline = planned({"name": "sql", "source": "my-org/gemma4-sql-lora"}, weights=weights)
+    assert not offline.ok and "HF_HUB_OFFLINE=1" in offline.refusals[0]
 
 
 def test_adapter_errors_name_the_field(tmp_path: Path) -> None:
