@@ -3,8 +3,8 @@ who may call them (API key secret, TLS) and, with several hosts, an HTTPS load b
 
 import pulumi
 from access import EndpointAccess, EndpointAccessArgs
-from config import FLEX_START_VM_CREATE_TIMEOUT, read_hf_token, read_settings
 from gpu_vm import GpuVm, GpuVmArgs
+from host_records import host_record
 from identity import Identity, IdentityArgs
 from image import ServingImage, ServingImageArgs
 from load_balancer import ServingLoadBalancer, ServingLoadBalancerArgs
@@ -14,7 +14,7 @@ from secret import HfTokenSecret, HfTokenSecretArgs
 from tpu_slice import TpuSlice, TpuSliceArgs
 from weights_bucket import WeightsBucket, WeightsBucketArgs
 
-from hosts import host_record
+from gemmaserve.cloud.config import FLEX_START_VM_CREATE_TIMEOUT, read_hf_token, read_settings
 
 # Everything is validated before the first resource is declared: a bad stack fails here, whole.
 settings = read_settings()

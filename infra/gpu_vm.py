@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
-from config import CLOUD_PLATFORM_SCOPE
+
+from gemmaserve.cloud.config import CLOUD_PLATFORM_SCOPE
 
 # Local SSDs Compute Engine attaches by itself (375 GB NVMe each) to every A2 Ultra, A3 and A4 machine type;
 # G2 and G4 get none unless asked (https://cloud.google.com/compute/docs/disks/local-ssd#lssd_disks_fixed,

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
-from config import HEALTH_CHECK_RANGES, IAP_RANGE
+
+from gemmaserve.cloud.config import HEALTH_CHECK_RANGES, IAP_RANGE
 
 # Hosts carry this tag; every firewall rule targets it, so nothing else in the VPC is opened.
 HOST_TAG = "gemmaserve-host"

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
-from config import CLOUD_PLATFORM_SCOPE
-from tpu_queued_resource import TpuQueuedResource
+
+from gemmaserve.cloud.config import CLOUD_PLATFORM_SCOPE
+from gemmaserve.cloud.tpu_queued_resource import TpuQueuedResource
 
 
 @dataclass

@@ -5,19 +5,20 @@ Three parts, kept apart:
 
 - what the stack holds: its Pulumi state, through `PulumiStack`, the one seam to Pulumi
   (`AutomationStack`: Pulumi's automation API on this project directory);
-- what Google Cloud says: read-only calls through the provider's own adapters (infra/tpu_api.py,
-  infra/compute_api.py) with the gcp provider's credentials (infra/gcp_credentials.py);
+- what Google Cloud says: read-only calls through the provider's own adapters (gemmaserve/cloud/tpu_api.py,
+  compute_api.py) with the gcp provider's credentials (gemmaserve/cloud/gcp_credentials.py);
 - what to do: the provider's own rules (tpu_queued_resource.decide). Nothing here changes anything in
   the cloud: when capacity is dead, ends soon, is stopped, or became ready while Pulumi's state says
   otherwise, the reconciler runs `pulumi up --refresh` on the stack. The re-queue is then done by the
   provider code and recorded by Pulumi: state never drifts and no request is left orphaned.
 
-infra/ modules are imported by path, as Pulumi runs the program (infra/ on sys.path), only when a
-command needs them: the core stays free of cloud SDKs, and the rules are not copied.
+gemmaserve.cloud's modules (shared with the Pulumi program) are imported only when a command needs them:
+the core stays free of cloud SDKs, and the rules are not copied.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -28,8 +29,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-REPO = Path(__file__).resolve().parents[2]
-INFRA = REPO / "infra"
 QUEUED = "pulumi-python:dynamic:Resource"
 INSTANCE = "gcp:compute/instance:Instance"
 STACK = "pulumi:pulumi:Stack"
@@ -38,14 +37,9 @@ READY = ("ACTIVE", "RUNNING")
 VM_DOWN = ("TERMINATED", "STOPPED", "SUSPENDED", "GONE")
 
 
-def infra_module(name: str):
-    """An infra/ module, imported the way Pulumi imports it (flat, with infra/ on sys.path).
-
-    Appended, not prepended: infra/'s flat names (config, hosts, network) never shadow anything else.
-    """
-    if str(INFRA) not in sys.path:
-        sys.path.append(str(INFRA))
-    return __import__(name)
+def cloud_module(name: str):
+    """gemmaserve.cloud.NAME, imported when first needed (it brings Pulumi and Google's client libraries)."""
+    return importlib.import_module(f"gemmaserve.cloud.{name}")
 
 
 # --- the seam to Pulumi -----------------------------------------------------------------------------
@@ -72,7 +66,7 @@ class PulumiStack(Protocol):
 class AutomationStack:
     """PulumiStack over Pulumi's automation API (needs the pulumi CLI on PATH and a logged-in backend)."""
 
-    def __init__(self, stack: str, work_dir: Path = REPO):
+    def __init__(self, stack: str, work_dir: Path = Path(".")):
         from pulumi import automation
 
         self.name = stack
@@ -107,12 +101,12 @@ class Clouds:
 
 def google_clouds(config: dict[str, Any]) -> Clouds:
     """The real APIs, authenticated exactly as the stack's gcp provider is."""
-    credentials = infra_module("gcp_credentials")
+    credentials = cloud_module("gcp_credentials")
     auth = credentials.gcp_auth(config.get, os.environ)
     creds = credentials.credentials_for(auth)
     return Clouds(
-        tpu=infra_module("tpu_api").GoogleTpuApi(credentials=creds),
-        compute=infra_module("compute_api").GoogleComputeApi(credentials=creds),
+        tpu=cloud_module("tpu_api").GoogleTpuApi(credentials=creds),
+        compute=cloud_module("compute_api").GoogleComputeApi(credentials=creds),
     )
 
 
@@ -160,7 +154,7 @@ def _epoch(value: str | None) -> float | None:
 
 
 def _queued_capacity(resource: dict[str, Any], clouds: Clouds, now: float) -> Capacity:
-    qr = infra_module("tpu_queued_resource")
+    qr = cloud_module("tpu_queued_resource")
     outs, inputs = resource.get("outputs") or {}, resource.get("inputs") or {}
     try:
         live = qr.Observation.of(clouds.tpu.get_queued_resource(outs["queued_resource_name"]))

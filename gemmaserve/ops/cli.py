@@ -536,7 +536,7 @@ def _open_capacity(stack: str, project_dir: Path):
     try:
         config = read_stack_config(stack, project_dir)
         if "cloud" in config:  # what the program reads first, so a bad value stops here, not in `pulumi up`
-            capacity.infra_module("config").parse_cloud(config["cloud"], str(stack_file(stack, project_dir)))
+            capacity.cloud_module("config").parse_cloud(config["cloud"], str(stack_file(stack, project_dir)))
     except SpecError as error:
         _fail(f"error: {error}", EXIT_BAD_INPUT)
     try:

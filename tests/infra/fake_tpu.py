@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tpu_api import ApiError
-from tpu_queued_resource import QueuedResourceProvider
-
+from gemmaserve.cloud.tpu_api import ApiError
+from gemmaserve.cloud.tpu_queued_resource import QueuedResourceProvider
 from tests.infra.discovery import COMPUTE, TPU, supported_update_fields
 
 PAYLOADS = Path(__file__).parent / "tpu_payloads"

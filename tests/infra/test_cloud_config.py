@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from config import parse_cloud, settings_from_config
 
+from gemmaserve.cloud.config import parse_cloud, settings_from_config
 from gemmaserve.sources import read_stack_config
 from gemmaserve.spec import SpecError
 from tests.infra.conftest import PROJECT, ROOT, STACKS

@@ -16,16 +16,20 @@ does not), and what decides whether our provider loads is how it is started:
 - configuration: Configure gets the whole stack config, keys with their namespace
   (pkg/resource/deploy/target.go GetPackageConfig).
 
-The provider is pickled by reference to its module (`tpu_queued_resource.QueuedResourceProvider`), so
-the server imports it from its working directory (`python -m` puts the cwd first on sys.path). The test
+The TPU provider is pickled by reference to its module (`gemmaserve.cloud.tpu_queued_resource`), an installed
+package, so the server imports it from any working directory; infra/'s own providers (project_apis) are
+imported from the server's working directory (`python -m` puts the cwd first on sys.path). The test
 starts the server exactly so (the script's steps, without the script), drives it over gRPC with the
 SDK's own stubs through Configure, Check, Diff, Create, Read, Update and Delete against the fake TPU
 and Compute APIs served over HTTP on 127.0.0.1, and shows that the same server started from the project
-root cannot load the provider at all. Every process it starts is stopped by its PID.
+root loads it too, and that a provider pickled under its old name (infra/'s flat tpu_queued_resource, in
+the state of stacks deployed before the move) still loads in infra/. Every process it starts is stopped by
+its PID.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -41,8 +45,8 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 from pulumi.runtime.sync_await import _sync_await
-from tpu_queued_resource import QueuedResourceProvider
 
+from gemmaserve.cloud.tpu_queued_resource import QueuedResourceProvider
 from tests.infra.conftest import ROOT
 from tests.infra.fake_tpu import FakeTpu, Zone, serve_http
 from tests.infra.test_tpu_queued_resource import DATA_DISK, PROJECT, ZONES, props
@@ -198,17 +202,45 @@ def test_the_provider_loads_and_runs_in_the_sdk_dynamic_provider_server(served_f
     ]
 
 
-def test_started_from_the_project_root_the_provider_does_not_load(served_fake, tmp_path):
-    # The same server one directory up: the pickled reference to tpu_queued_resource cannot be resolved,
-    # which is why the working directory the engine picks (main: infra/) matters.
-    _, endpoint = served_fake
+def create_through_the_server(cwd: Path, provider_blob: str, endpoint: str, log: Path) -> dict:
+    """Configure, Check and Create one queued resource through a server started in `cwd`; its outputs."""
     _, env, python = engine_launch()
-    inputs = {**props(create_wait_seconds=0), PROVIDER_KEY: serialize_provider(QueuedResourceProvider())}
-    with dynamic_provider_server(ROOT, env, python, tmp_path / "server.log") as server:
+    inputs = {**props(create_wait_seconds=0, zones=ZONES[:1]), PROVIDER_KEY: provider_blob}
+    with dynamic_provider_server(cwd, env, python, log) as server:
         server.Configure(provider_pb2.ConfigureRequest(args=struct(stack_config(endpoint))), timeout=CALL_TIMEOUT)
-        with pytest.raises(grpc.RpcError) as caught:
-            server.Create(provider_pb2.CreateRequest(urn=URN, properties=struct(inputs)), timeout=CALL_TIMEOUT)
-    assert "No module named 'tpu_queued_resource'" in caught.value.details()
+        checked = server.Check(
+            provider_pb2.CheckRequest(urn=URN, olds=struct({}), news=struct(inputs)), timeout=CALL_TIMEOUT
+        )
+        created = server.Create(provider_pb2.CreateRequest(urn=URN, properties=checked.inputs), timeout=CALL_TIMEOUT)
+    return plain(created.properties)
+
+
+def test_started_from_the_project_root_the_provider_loads_too(served_fake, tmp_path):
+    # The provider is pickled by reference to gemmaserve.cloud.tpu_queued_resource, an installed package: the
+    # server finds it whatever its working directory (it was infra/'s flat module, found only from there).
+    fake, endpoint = served_fake
+    fake.zones[ZONES[0]] = Zone(capacity_at=fake.clock(), provisioning=0)
+    blob = serialize_provider(QueuedResourceProvider())
+    assert b"gemmaserve.cloud.tpu_queued_resource" in base64.b64decode(blob)
+    outs = create_through_the_server(ROOT, blob, endpoint, tmp_path / "server.log")
+    assert outs["state"] == "ACTIVE" and [r.name for r in fake.live()] == [outs["queued_resource_name"]]
+
+
+def test_a_provider_pickled_before_the_move_still_loads_in_infra(served_fake, tmp_path, monkeypatch):
+    # Stacks deployed earlier hold `tpu_queued_resource.QueuedResourceProvider` in their state, and Pulumi reads
+    # and deletes with the stored provider: infra/tpu_queued_resource.py keeps that name resolving.
+    fake, endpoint = served_fake
+    fake.zones[ZONES[0]] = Zone(capacity_at=fake.clock(), provisioning=0)
+    import tpu_queued_resource  # infra/'s old name, as the server in infra/ imports it
+
+    assert tpu_queued_resource.QueuedResourceProvider is QueuedResourceProvider
+    monkeypatch.setattr(QueuedResourceProvider, "__module__", "tpu_queued_resource")
+    blob = serialize_provider(QueuedResourceProvider())
+    monkeypatch.undo()
+    assert b"gemmaserve.cloud" not in base64.b64decode(blob)
+    pwd, _, _ = engine_launch()
+    outs = create_through_the_server(pwd, blob, endpoint, tmp_path / "server.log")
+    assert outs["state"] == "ACTIVE"
 
 
 def test_the_enablement_wait_loads_and_runs_there_too(tmp_path):

@@ -8,12 +8,13 @@ import google.auth
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from gcp_credentials import CredentialsError, credentials_for, gcp_auth
 from google.auth import impersonated_credentials
 from google.oauth2 import service_account
 from pulumi.dynamic import ConfigureRequest
 from pulumi.dynamic.config import Config
-from tpu_queued_resource import QueuedResourceProvider
+
+from gemmaserve.cloud.gcp_credentials import CredentialsError, credentials_for, gcp_auth
+from gemmaserve.cloud.tpu_queued_resource import QueuedResourceProvider
 
 DEPLOYER = "deployer@gemmaserve-test.iam.gserviceaccount.com"
 KEY_EMAIL = "ci-key@gemmaserve-test.iam.gserviceaccount.com"

@@ -720,7 +720,7 @@ def test_a3_ultra_and_a4_declare_their_32_local_ssds_and_gvnic(kind):
 @pytest.mark.parametrize("stack", TPU_STACKS)
 def test_tpu_slices_get_a_hyperdisk_data_disk_sized_from_the_plan(stack_runs, stack):
     # (checkpoint + engine + caches) x margin, in 10 GB steps; v6e attaches Hyperdisk, no Persistent Disk.
-    from config import TPU_DISK_CACHES_GIB, TPU_DISK_ENGINE_GIB, TPU_DISK_MARGIN
+    from gemmaserve.cloud.config import TPU_DISK_CACHES_GIB, TPU_DISK_ENGINE_GIB, TPU_DISK_MARGIN
 
     disk = stack_runs[stack].one(QUEUED).inputs["data_disk"]
     model = load_stack_spec(stack).model_info

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
-from tpu_api import ApiError, GoogleTpuApi
-from tpu_queued_resource import QueuedResourceProvider, build_request
 
+from gemmaserve.cloud.tpu_api import ApiError, GoogleTpuApi
+from gemmaserve.cloud.tpu_queued_resource import QueuedResourceProvider, build_request
 from tests.infra.fake_tpu import FakeTpu, Zone, recorded_error, serve_http
 from tests.infra.test_tpu_queued_resource import PROJECT, QR_ID, ZONES, props, qr_name
 
@@ -72,8 +72,7 @@ def provider_over(fake: FakeTpu, api: GoogleTpuApi) -> QueuedResourceProvider:
 
 
 def test_a_quota_refusal_arrives_with_its_details_and_stops_the_chain(served):
-    from tpu_queued_resource import QueuedResourceFailed
-
+    from gemmaserve.cloud.tpu_queued_resource import QueuedResourceFailed
     from tests.infra.test_tpu_queued_resource import QUOTA_FAILURE
 
     fake, api = served
@@ -116,7 +115,7 @@ def test_the_data_disk_over_rest_is_a_compute_disk_attached_and_deleted_with_the
 
 
 def test_service_disabled_arrives_with_its_error_info_and_is_waited_out(served):
-    from tpu_queued_resource import classify
+    from gemmaserve.cloud.tpu_queued_resource import classify
 
     fake, api = served
     fake.disabled_calls = 1

@@ -11,15 +11,14 @@ import subprocess
 import sys
 
 import pytest
-from tpu_queued_resource import (
+
+from gemmaserve.cloud.tpu_queued_resource import (
     ApiError,
     QueuedResourceFailed,
     QueuedResourceProvider,
     build_request,
     candidates,
 )
-
-from tests.infra.conftest import INFRA
 from tests.infra.discovery import TPU
 from tests.infra.fake_tpu import EPOCH, FakeTpu, Zone, recorded, recorded_error, rfc3339
 
@@ -570,7 +569,7 @@ def test_delete_of_a_request_already_gone_succeeds():
 
 def test_module_import_does_not_load_the_google_client():
     code = (
-        f"import sys; sys.path.insert(0, {str(INFRA)!r}); import tpu_queued_resource; "
+        "import sys, gemmaserve.cloud.tpu_queued_resource; "
         "print(any(m.startswith(('googleapiclient', 'google.cloud', 'google.auth')) for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -835,7 +834,7 @@ def test_service_disabled_right_after_enablement_is_waited_out(calls):
 
 
 def test_an_api_that_stays_disabled_fails_after_the_enablement_wait_naming_it():
-    from tpu_queued_resource import ENABLEMENT_RETRY_SECONDS
+    from gemmaserve.cloud.tpu_queued_resource import ENABLEMENT_RETRY_SECONDS
 
     fake = FakeTpu(disabled_calls=10**6)
     capacity(fake, ZONES[0])

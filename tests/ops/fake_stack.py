@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemmaserve.ops.capacity import INSTANCE, QUEUED, STACK, Clouds, infra_module
+from gemmaserve.ops.capacity import INSTANCE, QUEUED, STACK, Clouds, cloud_module
 
-qr = infra_module("tpu_queued_resource")
-ApiError = infra_module("tpu_api").ApiError
+qr = cloud_module("tpu_queued_resource")
+ApiError = cloud_module("tpu_api").ApiError
 
 
 @dataclass

@@ -22,8 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 OPS_IMPORTS_OF_THE_SANDBOX: set[tuple[str, str]] = set()
 # Files that still edit sys.path, each with its fix.
 SYS_PATH_EDITS = {
-    # infra/'s cloud adapters become an importable package (issue 27).
-    "gemmaserve/ops/capacity.py",
     # Host programs that import a shared one (gcs_json) when run from the repository, where it is not beside
     # them as in /opt/gemmaserve/lib: tests/roles/files/programs.py and the sandbox's pull benchmark load them
     # by path; one loader in roles/_lib/programs.py that makes roles/_lib/files importable removes both.
@@ -180,3 +178,12 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     program = tmp_path / "program.py"
     program.write_text("import json, requests\nfrom google.auth import default\nimport gcs_json\n")
     assert host_program_imports(program) == ["google", "requests"]
+
+
+def test_infra_modules_shadow_nothing_of_the_repository():
+    """Pulumi (and tests/infra) put infra/ on sys.path for the program's flat imports: no module there may take
+    the name of a top-level package of the repository (infra/hosts.py once hid the hosts/ inventories)."""
+    flat = {p.stem for p in (ROOT / "infra").glob("*.py")} - {"__main__"}
+    top = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    assert "hosts" in top and "network" in flat
+    assert flat & (top | {p.stem for p in ROOT.glob("*.py")}) == set()

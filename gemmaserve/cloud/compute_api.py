@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from tpu_api import ApiError, api_error
+from gemmaserve.cloud.tpu_api import ApiError, api_error
 
 __all__ = ["ApiError", "ComputeApi", "GoogleComputeApi"]
 
