@@ -1,9 +1,9 @@
 """pyinfra entry point: `pyinfra INVENTORY deploy.py`. Validates host data, plans, dispatches roles."""
 
-from pyinfra import host
+from pyinfra import host, inventory
 
 from gemmaserve.plan import plan
-from gemmaserve.sources import capacity_from_host_data, spec_from_host_data
+from gemmaserve.sources import capacity_from_host_data, fleet_from_host_data, spec_from_host_data
 from gemmaserve.topology import parse_topo_matrix, with_topology
 from roles import ROLE_SETTINGS
 from roles.access import access
@@ -24,6 +24,9 @@ from roles.weights import weights
 # touches the host.
 serving = plan(spec_from_host_data(host.data.dict(), host.name)).require_ok()
 capacity_from_host_data(host.data.dict(), host.name)
+# The hosts that route as one (docs/routing.md#across-hosts): this run's hosts with this host's gemmaserve_fleet,
+# whether or not --limit picked them, for every host to build the same ring of them all.
+fleet = fleet_from_host_data(host.name, [(other.name, other.data.dict()) for other in inventory])
 for settings in ROLE_SETTINGS:
     settings.from_host(host)
 if serving.accelerator.vendor == "nvidia" and (topology := host.get_fact(NvidiaTopology)):
@@ -42,7 +45,7 @@ caches(serving)
 # The key map and certificate before the router: HAProxy's config check reads both.
 access(serving)
 # The router before the replicas: a replica restart drains it in HAProxy first.
-router(serving)
+router(serving, fleet)
 replicas(serving)
 # Spot / flex-start / TPU hosts: drain in HAProxy on a preemption notice (needs the router's admin tool).
 preemption(serving)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -30,6 +31,10 @@ HOST_OTHER_KEYS = (
     "gemmaserve_capacity",
     # The key file and CA a client of the host uses (validated by gemmaserve.ops.fleet, which reads them).
     "gemmaserve_client_credentials",
+    # Hosts of one run with the same gemmaserve_fleet route as one, each reached by its peers at its private address
+    # (fleet_membership, gemmaserve.plan.plan_fleet).
+    "gemmaserve_fleet",
+    "gemmaserve_private_address",
 )
 # Cloud resource names of a stack start with this; 20 characters leave room for suffixes everywhere
 # (service account ids allow 30, "-hosts" is appended).
@@ -173,3 +178,47 @@ def spec_from_host_data(data: Mapping[str, Any], host_name: str = "host") -> Spe
         raise SpecError(problems, f"host data of {host_name}")
     spec_data = {k.removeprefix(HOST_PREFIX): v for k, v in ours.items() if k.removeprefix(HOST_PREFIX) in SPEC_KEYS}
     return parse_spec(spec_data, f"host data of {host_name}")
+
+
+def fleet_membership(data: Mapping[str, Any], host_name: str = "host") -> tuple[str | None, str | None]:
+    """`gemmaserve_fleet` (None: the host routes alone) and the address its fleet's peers reach it at:
+    `gemmaserve_private_address`, else its ssh_hostname (else its name) when that is an IP address."""
+    fleet = data.get(f"{HOST_PREFIX}fleet")
+    if fleet is not None and (not isinstance(fleet, str) or not fleet):
+        raise SpecError(
+            [
+                f"gemmaserve_fleet = {fleet!r}: not a fleet name; allowed: a non-empty string shared by the hosts that route as one"
+            ],
+            f"host data of {host_name}",
+        )
+    address = data.get(f"{HOST_PREFIX}private_address")
+    if address is None:
+        candidate = str(data.get("ssh_hostname") or host_name)
+        try:
+            ipaddress.ip_address(candidate)
+        except ValueError:
+            return fleet, None
+        return fleet, candidate
+    if not isinstance(address, str):
+        raise SpecError(
+            [f"gemmaserve_private_address = {address!r}: not a string; allowed: the host's private IPv4 address"],
+            f"host data of {host_name}",
+        )
+    return fleet, address
+
+
+def fleet_from_host_data(host_name: str, hosts: list[tuple[str, Mapping[str, Any]]]):
+    """The fleet `host_name` routes in (gemmaserve.plan.FleetPlan) from every host of the run as (name, host data):
+    the hosts with its `gemmaserve_fleet`; None when it names none, is alone in it, or routes least-outstanding."""
+    from gemmaserve.plan import plan_fleet
+
+    by_name = dict(hosts)
+    fleet, _ = fleet_membership(by_name[host_name], host_name)
+    if fleet is None:
+        return None
+    members = []
+    for name, data in hosts:
+        their_fleet, address = fleet_membership(data, name)
+        if their_fleet == fleet:
+            members.append((name, address, spec_from_host_data(data, name)))
+    return plan_fleet(host_name, members)

@@ -50,6 +50,9 @@ serving = [
             "_sudo": True,
             # Spot / flex-start hosts and TPU VMs get the preemption drain (roles/preemption).
             "gemmaserve_capacity": record.capacity.model_dump(),
+            # A stack's hosts route as one behind its load balancer (docs/routing.md#across-hosts).
+            "gemmaserve_fleet": STACK,
+            **({"gemmaserve_private_address": record.internal_ip} if record.internal_ip else {}),
             **_spec_data,
         },
     )

@@ -13,7 +13,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
-from gemmaserve.plan import AccessPlan, Plan, RoutingPlan
+from gemmaserve.plan import ROUTE_KEY_HEADER, AccessPlan, FleetPlan, Plan, RoutingPlan
 from roles._lib.apt import install_packages
 from roles._lib.facts import HostState
 from roles._lib.managed import managed_directory, managed_file, managed_service
@@ -137,8 +137,11 @@ def error_bodies(access: AccessPlan, routing: RoutingPlan) -> dict[str, str]:
     }
 
 
-def haproxy_config(serving: Plan, settings: Settings, access: AccessPlan | None = None) -> str:
-    """haproxy.cfg for this host's plan; `access` overrides the plan's key map and certificate paths (tests)."""
+def haproxy_config(
+    serving: Plan, settings: Settings, access: AccessPlan | None = None, fleet: FleetPlan | None = None
+) -> str:
+    """haproxy.cfg for this host's plan; `access` overrides the plan's key map and certificate paths (tests);
+    `fleet` (gemmaserve.plan.plan_fleet) adds the peer listener and the ring of hosts."""
     access = access or serving.access
     return render(
         TEMPLATES / "haproxy.cfg.j2",
@@ -155,6 +158,8 @@ def haproxy_config(serving: Plan, settings: Settings, access: AccessPlan | None 
         raw_bytes=RAW_BYTES,
         errors=error_bodies(access, serving.routing),
         shutdown_timeout=serving.spec.serving.shutdown_timeout,
+        fleet=fleet,
+        route_key_header=ROUTE_KEY_HEADER,
     )
 
 
@@ -173,7 +178,7 @@ def stop_units(serving: Plan) -> dict[str, str]:
 
 
 @deploy("Route with HAProxy", data_defaults=Settings.defaults())
-def router(serving: Plan) -> None:
+def router(serving: Plan, fleet: FleetPlan | None = None) -> None:
     settings = Settings.from_host(host)
     install_packages("Install HAProxy", ["haproxy"])
     staged_path = f"{CONFIG}.gemmaserve"
@@ -193,7 +198,7 @@ def router(serving: Plan) -> None:
     staged = managed_file(
         name="Render the HAProxy config",
         dest=staged_path,
-        content=haproxy_config(serving, settings),
+        content=haproxy_config(serving, settings, fleet=fleet),
         current=now.path(staged_path),
     )
     server.shell(
