@@ -1,6 +1,8 @@
 """The Pulumi program: validated stack config -> network, identity, secrets, image, TPU slice or GPU VMs -> hosts,
 who may call them (API key secret, TLS) and, with several hosts, an HTTPS load balancer."""
 
+from pathlib import Path
+
 import pulumi
 from access import EndpointAccess, EndpointAccessArgs
 from gpu_vm import GpuVm, GpuVmArgs
@@ -17,7 +19,8 @@ from weights_bucket import WeightsBucket, WeightsBucketArgs
 from gemmaserve.cloud.config import FLEX_START_VM_CREATE_TIMEOUT, read_hf_token, read_settings
 
 # Everything is validated before the first resource is declared: a bad stack fails here, whole.
-settings = read_settings()
+# The project's other stack files are in Pulumi.yaml's directory, one up from this program.
+settings = read_settings(Path(__file__).resolve().parents[1])
 cloud, spec, serving_plan, name = settings.cloud, settings.spec, settings.plan, settings.name
 labels = settings.labels
 port = serving_plan.router_port

@@ -593,8 +593,9 @@ def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
     return problems
 
 
-def read_settings() -> Settings:
-    """The current stack's config, validated (raises SpecError before any resource is declared)."""
+def read_settings(project_dir: Path) -> Settings:
+    """The current stack's config, validated (raises SpecError before any resource is declared); the other
+    stack files in `project_dir` (Pulumi.yaml's directory) are read for what two stacks cannot both create."""
     import pulumi  # here, so the schema above imports without the Pulumi runtime
 
     config = pulumi.Config(NAMESPACE)
@@ -606,8 +607,7 @@ def read_settings() -> Settings:
         {k: v for k, v in raw.items() if v is not None},
         {"project": gcp.get("project"), "region": gcp.get("region")},
         pulumi.get_stack(),
-        # The project's other stack files (Pulumi.yaml's directory, one up from this program).
-        project_dir=Path(__file__).resolve().parents[1],
+        project_dir=project_dir,
     )
 
 

@@ -290,3 +290,15 @@ def test_one_stack_creates_the_bucket_the_others_use(tmp_path):
     for stack in ("gpu8-eu", "gpu8-us", "gpu8-hub"):
         raw = read_stack_config(stack, tmp_path)
         settings_from_config(raw, {"project": PROJECT, "region": None}, stack, project_dir=tmp_path)
+
+
+def test_the_program_reads_the_other_stack_files_beside_pulumi_yaml(monkeypatch):
+    from gemmaserve.cloud import config as cloud_config
+    from tests.infra.conftest import run_program
+
+    seen, real = [], cloud_config.settings_from_config
+    monkeypatch.setattr(
+        cloud_config, "settings_from_config", lambda *a, **k: seen.append(k["project_dir"]) or real(*a, **k)
+    )
+    run_program("gpu8")
+    assert seen == [ROOT] and (ROOT / "Pulumi.yaml").is_file()
