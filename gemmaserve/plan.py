@@ -404,6 +404,13 @@ class RoutingPlan:
 # ring, of hosts, and forward it there; the host takes its peers' forwards on its private address, on this port
 # past the serving port, and routes them to its own replicas.
 FLEET_PEER_PORT_OFFSET = 1
+
+
+def fleet_peer_port(router_port: int) -> int:
+    """The port a fleet's host takes its peers' forwards on (the cloud firewall opens it between them)."""
+    return router_port + FLEET_PEER_PORT_OFFSET
+
+
 # The entry host sends the routing key's digest on in this header. The peer listener trusts it, from the fleet's
 # addresses only; the serving port removes it from clients' requests.
 ROUTE_KEY_HEADER = "X-Gemmaserve-Route-Key"
@@ -476,7 +483,7 @@ def plan_fleet(self_name: str, members: list[tuple[str, str | None, Spec]]) -> F
     if len(by_name) < 2 or own.routing != "prefix-affinity":
         return None
     problems: list[str] = []
-    peer_port = own.router_port + FLEET_PEER_PORT_OFFSET
+    peer_port = fleet_peer_port(own.router_port)
     seen: dict[str, str] = {}
     for name, (address, spec) in sorted(by_name.items()):
         serving = spec.serving
@@ -565,7 +572,7 @@ class Plan:
         # Admission at the concurrency vLLM itself runs: past max_num_seqs a request would only wait inside
         # vLLM, where the balancer can neither count it nor give up on it cleanly.
         seqs = min((r.capacity.max_num_seqs for r in self.replicas), default=0)
-        peer_port = self.router_port + FLEET_PEER_PORT_OFFSET
+        peer_port = fleet_peer_port(self.router_port)
         return RoutingPlan(self.spec.serving.routing, ROUTING_LOAD_BOUND_PERCENT, seqs, peer_port=peer_port)
 
     @property

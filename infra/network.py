@@ -9,6 +9,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from gemmaserve.cloud.config import HEALTH_CHECK_RANGES, IAP_RANGE
+from gemmaserve.plan import fleet_peer_port
 
 # Hosts carry this tag; every firewall rule targets it, so nothing else in the VPC is opened.
 HOST_TAG = "gemmaserve-host"
@@ -97,6 +98,19 @@ class Network(pulumi.ComponentResource):
                 direction="INGRESS",
                 source_ranges=[str(ranges[-1]), *HEALTH_CHECK_RANGES],
                 allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=[str(args.serving_port)])],
+                target_tags=[HOST_TAG],
+                opts=child,
+            )
+            # Several hosts behind the balancer route as one fleet: each forwards a conversation to the host that
+            # owns it, on that host's peer port (docs/routing.md#across-hosts), from host to host only. A source
+            # tag matches the primary internal address of the tagged VMs
+            # (https://cloud.google.com/firewall/docs/firewalls, "Sources for ingress rules").
+            gcp.compute.Firewall(
+                f"{name}-fleet-peers",
+                network=self.vpc.id,
+                direction="INGRESS",
+                source_tags=[HOST_TAG],
+                allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=[str(fleet_peer_port(args.serving_port))])],
                 target_tags=[HOST_TAG],
                 opts=child,
             )
