@@ -147,6 +147,8 @@ def weights_disk(device: str | None, mount_point: str, required: bool = False):
         host.noop("no weights disk on this host: weights stay on the boot disk")
         return
     state = host.get_fact(DataDisk, device=device, mount_point=mount_point)
+    if not state:
+        raise OperationError(f"{device}: the disk's state could not be read, so it is left alone")
     if state["kind"] == "absent":
         if required:
             raise OperationError(f"base_weights_device = {device!r}: no such device on this host")
