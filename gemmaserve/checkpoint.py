@@ -402,7 +402,8 @@ def weight_bytes(ref: CheckpointRef) -> int:
 
 def _slug(name: str) -> str:
     """A short name usable in labels, cache keys and directory names."""
-    return re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-")[-63:] or "checkpoint"
+    # At most 63 characters of lowercase letters, digits, '-' and '_': a Google Cloud label value (infra labels).
+    return re.sub(r"[^a-z0-9_-]+", "-", name.lower())[-63:].strip("-") or "checkpoint"
 
 
 @dataclass(frozen=True)

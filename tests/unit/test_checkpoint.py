@@ -7,6 +7,7 @@ cache laid out in a temporary HF_HOME, as huggingface_hub writes it; nothing her
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -195,6 +196,12 @@ def test_irregular_layer_types_are_refused(tmp_path: Path) -> None:
     root = checkpoint_dir(tmp_path / "odd", config, 10**9)
     with pytest.raises(SpecError, match="layer_types"):
         parse_spec({"model": str(root), "accelerator": {"kind": "h200"}})
+
+
+def test_a_checkpoints_short_name_is_a_label_value(tmp_path: Path) -> None:
+    root = fine_tune_of("31b", tmp_path / ("Very.Long-" * 10 + "FT"))
+    alias = load_checkpoint(str(root)).info.aliases[0]
+    assert len(alias) <= 63 and re.fullmatch(r"[a-z0-9][a-z0-9_-]*[a-z0-9]", alias)
 
 
 def test_single_file_bytes_are_the_header_sums(tmp_path: Path) -> None:
