@@ -26,8 +26,10 @@ from gemmaserve.ops import fleet
 from gemmaserve.plan import plan
 from gemmaserve.sources import load_stack_spec, read_stack_document, stack_file
 from gemmaserve.spec import SpecError
+from roles._lib.programs import program_source
 
-PROGRAM = fleet.REPO / "roles" / "access" / "files" / "api_keys.py"
+# The access role's program, shipped in the wheel with the roles (package data), read where it is installed.
+PROGRAM = program_source("access", "api_keys.py")
 # Installed there by roles/access; the unit swaps the store into HAProxy's map.
 HOST_PROGRAM = "/opt/gemmaserve/lib/api_keys.py"
 SYNC_UNIT = "gemmaserve-api-keys.service"

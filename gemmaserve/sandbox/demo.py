@@ -14,12 +14,13 @@ from gemmaserve.ops.endpoint import check_endpoint
 from gemmaserve.plan import Plan, plan
 from gemmaserve.sandbox.profile import TINY_MODEL_DIR, container_engine_data, sandbox_host_data
 from gemmaserve.sources import spec_from_host_data
+from roles._lib.programs import program_source
 
 ENGINES = ("wheel", "container")
 DEMO_HOST = "sandbox-1"
 
 # The vllm role's own program builds the CPU engine, on hosts and here alike.
-VLLM_CPU_BUILDER = fleet.REPO / "roles" / "vllm" / "files" / "vllm_cpu.py"
+VLLM_CPU_BUILDER = program_source("vllm", "vllm_cpu.py")
 console = Console(highlight=False, soft_wrap=True)
 
 
