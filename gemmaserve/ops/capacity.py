@@ -18,7 +18,6 @@ the core stays free of cloud SDKs, and the rules are not copied.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -35,11 +34,6 @@ STACK = "pulumi:pulumi:Stack"
 READY = ("ACTIVE", "RUNNING")
 # A stopped or deleted VM is brought back by `up`: the program declares desired_status RUNNING.
 VM_DOWN = ("TERMINATED", "STOPPED", "SUSPENDED", "GONE")
-
-
-def cloud_module(name: str):
-    """gemmaserve.cloud.NAME, imported when first needed (it brings Pulumi and Google's client libraries)."""
-    return importlib.import_module(f"gemmaserve.cloud.{name}")
 
 
 # --- the seam to Pulumi -----------------------------------------------------------------------------
@@ -101,12 +95,12 @@ class Clouds:
 
 def google_clouds(config: dict[str, Any]) -> Clouds:
     """The real APIs, authenticated exactly as the stack's gcp provider is."""
-    credentials = cloud_module("gcp_credentials")
-    auth = credentials.gcp_auth(config.get, os.environ)
-    creds = credentials.credentials_for(auth)
+    from gemmaserve.cloud import compute_api, gcp_credentials, tpu_api
+
+    creds = gcp_credentials.credentials_for(gcp_credentials.gcp_auth(config.get, os.environ))
     return Clouds(
-        tpu=cloud_module("tpu_api").GoogleTpuApi(credentials=creds),
-        compute=cloud_module("compute_api").GoogleComputeApi(credentials=creds),
+        tpu=tpu_api.GoogleTpuApi(credentials=creds),
+        compute=compute_api.GoogleComputeApi(credentials=creds),
     )
 
 
@@ -154,7 +148,8 @@ def _epoch(value: str | None) -> float | None:
 
 
 def _queued_capacity(resource: dict[str, Any], clouds: Clouds, now: float) -> Capacity:
-    qr = cloud_module("tpu_queued_resource")
+    from gemmaserve.cloud import tpu_queued_resource as qr
+
     outs, inputs = resource.get("outputs") or {}, resource.get("inputs") or {}
     try:
         live = qr.Observation.of(clouds.tpu.get_queued_resource(outs["queued_resource_name"]))

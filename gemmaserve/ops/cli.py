@@ -529,6 +529,7 @@ _PROJECT_DIR = typer.Option(Path("."), "--project-dir", help="Where Pulumi.yaml 
 
 def _open_capacity(stack: str, project_dir: Path):
     """The stack (checked against its stack file first) and read-only cloud clients with its credentials."""
+    from gemmaserve.cloud.config import parse_cloud
     from gemmaserve.ops import capacity
     from gemmaserve.sources import read_stack_config, stack_file
     from gemmaserve.spec import SpecError
@@ -536,7 +537,7 @@ def _open_capacity(stack: str, project_dir: Path):
     try:
         config = read_stack_config(stack, project_dir)
         if "cloud" in config:  # what the program reads first, so a bad value stops here, not in `pulumi up`
-            capacity.cloud_module("config").parse_cloud(config["cloud"], str(stack_file(stack, project_dir)))
+            parse_cloud(config["cloud"], str(stack_file(stack, project_dir)))
     except SpecError as error:
         _fail(f"error: {error}", EXIT_BAD_INPUT)
     try:

@@ -13,10 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemmaserve.ops.capacity import INSTANCE, QUEUED, STACK, Clouds, cloud_module
-
-qr = cloud_module("tpu_queued_resource")
-ApiError = cloud_module("tpu_api").ApiError
+from gemmaserve.cloud.tpu_api import ApiError
+from gemmaserve.ops.capacity import INSTANCE, QUEUED, STACK, Clouds
 
 
 @dataclass
