@@ -49,6 +49,12 @@ class ModelInfo:
     vision_tower_bytes: int = 0
     num_experts: int | None = None
     experts_per_token: int | None = None
+    # Query heads and MLP width (text_config num_attention_heads, intermediate_size): the shapes of the linear
+    # layers vLLM wraps for LoRA. None where no public config value was found. E2B/E4B feed a per-layer input
+    # embedding (hidden_size_per_layer_input) through more linear layers.
+    num_attention_heads: int | None = None
+    intermediate_size: int | None = None
+    per_layer_input: bool = False
     # Test models are built locally (`gemmaserve tiny-model`) and served from a directory.
     local_dir: str | None = None
     is_test_model: bool = False
@@ -90,6 +96,9 @@ class ModelInfo:
 #   num_key_value_heads. A v6e-4 log cross-checks E2B: "Number of Attention Layers: 15" = 35 - 20 (https://dev.to/gde/debugging-deployments-with-gemma-2b-tpu-v6e-4-mcp-and-antigravity-cli-539h).
 # - vLLM allocates K *and* V for attention_k_eq_v layers (gemma4.py loads K weights into both slots),
 #   so the flag does not halve the page size; an A100 user's "6.96x" (https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/) only reproduces with both stored.
+# - Query heads and intermediate sizes: the released text_config as public checkpoint converters assert it
+#   (31B: num_attention_heads 32, intermediate_size 21504; E2B: 8 and 6144; E4B: intermediate_size 10240);
+#   E2B/E4B have hidden_size_per_layer_input 256. 26B-A4B's and E4B's head counts were not found.
 # - Max context: model cards (128K for E2B/E4B, 256K for 31B/26B-A4B).
 # - Checkpoint bytes (hubs are unreachable here; every value is quoted by public sources, none measured):
 #   31B: model.safetensors.index.json metadata.total_size 62,546,177,752 (google/gemma-4-31B-it at
@@ -129,6 +138,9 @@ MODELS: tuple[ModelInfo, ...] = (
         vocab_size=262144,
         modalities=frozenset({"text", "image", "audio", "video"}),
         total_params_b=5.1,
+        num_attention_heads=8,
+        intermediate_size=6144,
+        per_layer_input=True,
     ),
     ModelInfo(
         hf_id="google/gemma-4-E4B-it",
@@ -146,6 +158,8 @@ MODELS: tuple[ModelInfo, ...] = (
         vocab_size=262144,
         modalities=frozenset({"text", "image", "audio", "video"}),
         total_params_b=8.0,
+        intermediate_size=10240,
+        per_layer_input=True,
     ),
     ModelInfo(
         hf_id="google/gemma-4-31B-it",
@@ -163,6 +177,8 @@ MODELS: tuple[ModelInfo, ...] = (
         vocab_size=262144,
         modalities=frozenset({"text", "image", "video"}),
         total_params_b=30.7,
+        num_attention_heads=32,
+        intermediate_size=21504,
         mtp_assistant="google/gemma-4-31B-it-assistant",
         mtp_assistant_bytes=470_000_000 * 2,
         vision_tower_bytes=575_743_536 * 2,

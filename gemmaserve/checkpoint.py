@@ -370,6 +370,9 @@ def architecture(config: dict[str, Any], ref: CheckpointRef) -> dict[str, Any]:
         "modalities": frozenset(modalities),
         "num_experts": int(experts) if experts else None,
         "experts_per_token": int(text["top_k_experts"]) if experts and text.get("top_k_experts") else None,
+        "num_attention_heads": int(text["num_attention_heads"]) if text.get("num_attention_heads") else None,
+        "intermediate_size": int(text["intermediate_size"]) if text.get("intermediate_size") else None,
+        "per_layer_input": bool(text.get("hidden_size_per_layer_input")),
     }
 
 

@@ -742,6 +742,9 @@ def _available_kv_gib(spec: Spec, tp: int, weights_gib: float, mnbt: int, releas
     available = acc.memory_gib * wl.gpu_memory_utilization - weights_gib - runtime_overhead_gib(model, mnbt, seqs)
     if not wl.enforce_eager and release.cudagraph_memory_counted(acc.vendor):
         available -= CUDAGRAPH_GIB
+    if spec.serving.lora_adapters:
+        # Allocated while the model loads, so part of "Model loading took" and not available to the KV cache.
+        available -= (lora_slot_bytes(model, tp, len(spec.adapters), _max_lora_rank(spec.adapters)) or 0) / GiB
     return available
 
 
@@ -993,6 +996,35 @@ def adapter_path(adapter: Adapter) -> str:
     return adapter.source
 
 
+def lora_slot_bytes(model: ModelInfo, tp: int, max_loras: int, max_rank: int) -> int | None:
+    """Bytes per GPU of the LoRA buffers vLLM 0.32.0 allocates when it loads the model: for every linear layer of
+    the language model, lora_a_stacked (n_slices x max_loras x rank x input) and lora_b_stacked (max_loras x output
+    x rank) in the model's 16-bit dtype, column-parallel layers split on output, row-parallel on input
+    (vllm/lora/layers/base_linear.py create_lora_weights; the model manager wraps every LinearBase,
+    lora/utils.py get_supported_lora_modules). Counted for dense Gemma 4 without per-layer input embeddings or
+    KV sharing (31B-shaped, checked against vLLM's own buffers in tests/vllm); None otherwise."""
+    if (
+        model.is_moe
+        or model.per_layer_input
+        or model.num_kv_shared_layers
+        or model.num_attention_heads is None
+        or model.intermediate_size is None
+    ):
+        return None
+    hidden, mlp, heads = model.hidden_size, model.intermediate_size, model.num_attention_heads
+    elements = 0
+    for kind in model.layer_kinds:
+        shape = model.shape(kind)
+        q = heads * shape.head_dim // tp
+        # QKVParallelLinear replicates KV heads when there are fewer than ranks.
+        kv = max(1, shape.kv_heads // tp) * shape.head_dim
+        elements += 3 * hidden + (q + 2 * kv)  # qkv_proj: A per q/k/v slice, B over the rank's outputs
+        elements += q + hidden  # o_proj (row-parallel)
+        elements += 2 * hidden + 2 * mlp // tp  # gate_up_proj: A per slice, B over the rank's outputs
+        elements += mlp // tp + hidden  # down_proj (row-parallel)
+    return elements * max_loras * max_rank * 2
+
+
 def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
     """Hub adapters the replicas could not get: no role fetches a pinned snapshot yet, and vLLM's own download
     of an id (vllm/lora/utils.py get_adapter_absolute_path) cannot run under HF_HUB_OFFLINE."""
@@ -1185,11 +1217,13 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
             "(vllm/config/lora.py MaxLoRARanks, v0.32.0)"
         )
     result.refusals += _adapter_problems(spec, adapters)
-    if adapters:
+    if adapters and lora_slot_bytes(model, 1, len(adapters), _max_lora_rank(adapters)) is None:
         result.warnings.append(
             f"{len(adapters)} LoRA adapter(s) served: the memory vLLM reserves for LoRA slots is not counted in "
-            "the KV-cache estimate"
+            f"the KV-cache estimate for {model.hf_id} (counted for dense models without per-layer inputs)"
         )
+    elif adapters and acc.is_tpu:
+        result.warnings.append("LoRA on TPU: tpu-inference's LoRA memory is not counted in the KV-cache estimate")
     if result.refusals:
         return result
     if spec.transformers_version is None:

@@ -27,7 +27,7 @@ from gemmaserve.checkpoint import (
     parse_quantization,
     same_architecture,
 )
-from gemmaserve.plan import plan
+from gemmaserve.plan import lora_slot_bytes, plan
 from gemmaserve.spec import SpecError, parse_spec
 
 FIXTURES = Path(__file__).parent / "checkpoints"
@@ -445,6 +445,34 @@ def test_hub_adapters_the_replicas_cannot_get_are_refused(tmp_path: Path, monkey
     weights = {"source": "bucket", "bucket": "gs://my-weights", "revision": "d" * 40}
     offline = planned({"name": "sql", "source": "my-org/gemma4-sql-lora"}, weights=weights)
     assert not offline.ok and "HF_HUB_OFFLINE=1" in offline.refusals[0]
+
+
+def test_lora_buffers_come_out_of_the_kv_cache(tmp_path: Path) -> None:
+    """31B at TP2 with two adapters (max rank 64): vLLM's LoRA buffers, allocated while the model loads, leave
+    that much less for the KV cache (the formula is checked against vLLM's own buffers in tests/vllm)."""
+    sql, legal = adapter_dir(tmp_path, "gemma4-31b-lora-r16"), adapter_dir(tmp_path, "gemma4-31b-lora-r48-pattern")
+    adapters = [{"name": "sql", "source": str(sql)}, {"name": "legal", "source": str(legal)}]
+    base = {"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2}, "serving": {"tensor_parallel_size": 2}}
+    plain = plan(parse_spec(base)).replicas[0].capacity
+    with_lora = plan(parse_spec(base | {"serving": base["serving"] | {"lora_adapters": adapters}}))
+    reserved = lora_slot_bytes(CATALOG.model("31b"), 2, 2, 64) / 1024**3
+    assert reserved == pytest.approx(1.19, abs=0.01)
+    assert with_lora.replicas[0].capacity.available_kv_cache_gib == pytest.approx(
+        plain.available_kv_cache_gib - reserved, abs=1e-9
+    )
+    assert not [w for w in with_lora.warnings if "LoRA" in w]
+
+
+def test_lora_memory_not_derived_is_said(tmp_path: Path) -> None:
+    """E4B (per-layer input embeddings, KV sharing): the plan says its LoRA memory is not counted."""
+    sql = adapter_dir(tmp_path, "gemma4-31b-lora-r16")
+    spec = {
+        "model": "e4b",
+        "accelerator": {"kind": "l4"},
+        "serving": {"lora_adapters": [{"name": "a", "source": str(sql)}]},
+    }
+    assert lora_slot_bytes(CATALOG.model("e4b"), 1, 1, 16) is None
+    assert any("not counted" in w for w in plan(parse_spec(spec)).warnings)
 
 
 def test_adapter_errors_name_the_field(tmp_path: Path) -> None:

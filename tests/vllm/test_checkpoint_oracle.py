@@ -14,7 +14,7 @@ import pytest
 
 from gemmaserve.catalog import ModelInfo
 from gemmaserve.checkpoint import CheckpointRef, architecture, parse_quantization
-from gemmaserve.plan import MAX_LORA_RANKS, plan
+from gemmaserve.plan import MAX_LORA_RANKS, lora_slot_bytes, plan
 from gemmaserve.spec import parse_spec
 from roles._lib.programs import program_source
 
@@ -229,3 +229,91 @@ def test_transformers_reads_config_json_as_gemmaserve_does(config_verdicts, name
         verdict["window"],
         verdict["max_context"],
     )
+
+
+# --- the LoRA buffers vLLM allocates while it loads the model ------------------------------------------------------
+
+LORA_JUDGE = r"""
+import json, os, sys
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+import torch
+from vllm.config import LoRAConfig, ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.distributed import init_distributed_environment, initialize_model_parallel
+from vllm.lora.model_manager import LoRAModelManager
+from vllm.model_executor.model_loader.utils import get_model_architecture
+
+out = {}
+started = False
+for case in json.load(sys.stdin):
+    model_config = ModelConfig(model=case["dir"], skip_tokenizer_init=True, dtype="bfloat16")
+    lora_config = LoRAConfig(max_lora_rank=case["rank"], max_loras=case["max_loras"])
+    vllm_config = VllmConfig(model_config=model_config, lora_config=lora_config)
+    with set_current_vllm_config(vllm_config):
+        if not started:
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"tcp://127.0.0.1:{case['port']}")
+            initialize_model_parallel(1, 1)
+            started = True
+        model = get_model_architecture(model_config)[0](vllm_config=vllm_config)
+        # The manager wraps the model's layers and allocates every adapter slot, as load_lora_model does.
+        LoRAModelManager(model, 4, 64, model_config.get_vocab_size(), lora_config, torch.device("cpu"), vllm_config)
+    total = 0
+    for module in model.modules():
+        for name in ("lora_a_stacked", "lora_b_stacked"):
+            tensors = getattr(module, name, None) or ()
+            total += sum(t.numel() * t.element_size() for t in tensors)
+    out[case["name"]] = total
+print(json.dumps(out))
+"""
+
+TINY_TEXT = {
+    "architectures": ["Gemma4ForCausalLM"],
+    "model_type": "gemma4_text",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_global_key_value_heads": 1,
+    "head_dim": 16,
+    "global_head_dim": 32,
+    "sliding_window": 16,
+    "num_kv_shared_layers": 0,
+    "attention_k_eq_v": True,
+    "hidden_size_per_layer_input": 0,
+    "vocab_size": 256,
+    "max_position_embeddings": 1024,
+    "enable_moe_block": False,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+LORA_CASES = {
+    # name: (text config changes, max_loras, rank)
+    "k-eq-v": ({}, 2, 16),
+    "plain-attention": ({"attention_k_eq_v": False, "num_hidden_layers": 12, "intermediate_size": 96}, 1, 8),
+    "wide": ({"num_attention_heads": 8, "num_key_value_heads": 4, "layer_types": None}, 3, 64),
+}
+
+
+@pytest.fixture(scope="module")
+def lora_verdicts(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    cases = []
+    for name, (changes, max_loras, rank) in LORA_CASES.items():
+        root = tmp_path_factory.mktemp(name)
+        (root / "config.json").write_text(json.dumps({k: v for k, v in (TINY_TEXT | changes).items() if v is not None}))
+        cases.append({"name": name, "dir": str(root), "max_loras": max_loras, "rank": rank, "port": 29571})
+    proc = subprocess.run(
+        [str(vllm_python), "-c", LORA_JUDGE], input=json.dumps(cases), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"cases": cases, "bytes": json.loads(proc.stdout.splitlines()[-1])}
+
+
+@pytest.mark.parametrize("name", list(LORA_CASES))
+def test_lora_buffers_are_what_vllm_allocates(lora_verdicts, name: str) -> None:
+    case = next(c for c in lora_verdicts["cases"] if c["name"] == name)
+    config = json.loads((Path(case["dir"]) / "config.json").read_text())
+    info = ModelInfo(
+        hf_id=name, aliases=(name,), checkpoint_bytes=1, total_params_b=0, **architecture(config, CheckpointRef(name))
+    )
+    assert lora_slot_bytes(info, 1, case["max_loras"], case["rank"]) == lora_verdicts["bytes"][name]
