@@ -106,6 +106,12 @@ def plan_command(
         None, "--available-kv-gib", help="Skip the memory estimate (check token accounting against a vLLM log)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    fetch: bool = typer.Option(
+        False,
+        "--fetch",
+        help="Download the few kB planning reads (config.json, the weight index, adapter_config.json) of hub "
+        "checkpoints and adapters into the local Hugging Face cache first.",
+    ),
 ) -> None:
     """Show the replicas, vLLM argv/env and KV-cache capacity a spec produces."""
     from gemmaserve.plan import plan
@@ -125,11 +131,14 @@ def plan_command(
             base = stack_scoped_secrets(
                 stack, {k: v for k, v in read_stack_config(stack, project_dir).items() if k in SPEC_KEYS}
             )
-            spec = parse_spec(_merge(base, flags), f"Pulumi.{stack}.yaml" + (" + flags" if flags else ""))
+            data, source = _merge(base, flags), f"Pulumi.{stack}.yaml" + (" + flags" if flags else "")
         else:
             if "model" not in flags or "accelerator" not in flags:
                 _fail("error: give --stack NAME, or at least --model and --accelerator", EXIT_BAD_INPUT)
-            spec = parse_spec(flags, "command-line flags")
+            data, source = flags, "command-line flags"
+        if fetch:
+            _fetch_checkpoint_files(data)
+        spec = parse_spec(data, source)
     except SpecError as error:
         _fail(f"error: {error}", EXIT_BAD_INPUT)
     if available_kv_gib is not None:
@@ -149,6 +158,38 @@ def plan_command(
         _print_plan(result)
     if not result.ok:
         _fail("refused:\n" + "\n".join(f"  - {r}" for r in result.refusals), EXIT_REFUSED)
+
+
+def _fetch_checkpoint_files(data: dict[str, Any]) -> None:
+    """`plan --fetch`: only the small files gemmaserve.checkpoint reads, for a hub model that is not in the catalog
+    and for hub adapters, through huggingface_hub (its cache, token and endpoint settings). Each is reported."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    from gemmaserve.catalog import CATALOG
+    from gemmaserve.checkpoint import ADAPTER_CONFIG_FILE, CONFIG_FILE, HUB_REPO, INDEX_FILE
+
+    wanted: list[tuple[str, str | None, tuple[str, ...]]] = []
+    model = data.get("model")
+    if isinstance(model, str) and HUB_REPO.fullmatch(model):
+        try:
+            CATALOG.model(model)
+        except KeyError:
+            wanted.append((model, (data.get("weights") or {}).get("revision"), (CONFIG_FILE, INDEX_FILE)))
+    for adapter in (data.get("serving") or {}).get("lora_adapters") or []:
+        source = adapter.get("source") if isinstance(adapter, dict) else None
+        if isinstance(source, str) and HUB_REPO.fullmatch(source):
+            wanted.append((source, adapter.get("revision"), (ADAPTER_CONFIG_FILE,)))
+    for repo, revision, files in wanted:
+        for name in files:
+            try:
+                hf_hub_download(repo, name, revision=revision)
+            except EntryNotFoundError:
+                typer.echo(f"fetch: {repo} has no {name}", err=True)
+                continue
+            except Exception as error:  # noqa: BLE001 - network, auth or a missing repo: say which file
+                _fail(f"error: --fetch {repo} {name}: {type(error).__name__}: {error}", EXIT_BAD_INPUT)
+            typer.echo(f"fetch: {repo} {name}" + (f" at {revision}" if revision else ""), err=True)
 
 
 def _print_plan(result) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
+from huggingface_hub.errors import EntryNotFoundError
+from typer.testing import CliRunner
 
 from gemmaserve.catalog import CATALOG
 from gemmaserve.checkpoint import (
@@ -27,6 +29,7 @@ from gemmaserve.checkpoint import (
     parse_quantization,
     same_architecture,
 )
+from gemmaserve.ops.cli import app
 from gemmaserve.plan import lora_slot_bytes, plan
 from gemmaserve.spec import SpecError, parse_spec
 
@@ -528,3 +531,40 @@ def test_cli_plans_a_quantized_fine_tune(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["model"] == root.name and data["quantization"] == "compressed-tensors"
     assert any("weight-only kernels" in w for w in data["warnings"])
+
+
+def test_cli_fetch_downloads_only_the_small_files(tmp_path: Path, monkeypatch) -> None:
+    """plan --fetch asks huggingface_hub for config.json and the weight index (and adapter_config.json), then
+    plans from the cache; nothing else is downloaded."""
+    cache = tmp_path / "hf" / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    published = {
+        ("my-org/gemma4-31b-ft", "config.json"): json.dumps(stock_config("31b")),
+        ("my-org/gemma4-31b-ft", "model.safetensors.index.json"): json.dumps(
+            {"metadata": {"total_size": CATALOG.model("31b").checkpoint_bytes}, "weight_map": {}}
+        ),
+    }
+    asked = []
+
+    def fake_download(repo_id: str, filename: str, revision: str | None = None, **_) -> str:
+        asked.append((repo_id, filename))
+        if (repo_id, filename) not in published:
+            raise EntryNotFoundError(f"{repo_id} has no {filename}")
+        snapshot = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / ("e" * 40)
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (snapshot / filename).write_text(published[repo_id, filename])
+        (snapshot.parent.parent / "refs").mkdir(exist_ok=True)
+        (snapshot.parent.parent / "refs" / "main").write_text("e" * 40)
+        return str(snapshot / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    result = CliRunner().invoke(
+        app, ["plan", "--model", "my-org/gemma4-31b-ft", "--accelerator", "h200", "--fetch", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert asked == [("my-org/gemma4-31b-ft", "config.json"), ("my-org/gemma4-31b-ft", "model.safetensors.index.json")]
+    assert "fetch: my-org/gemma4-31b-ft config.json" in result.output
+    # A stock model is never fetched.
+    asked.clear()
+    assert CliRunner().invoke(app, ["plan", "--model", "31b", "--accelerator", "h200", "--fetch"]).exit_code == 0
+    assert asked == []
