@@ -51,10 +51,12 @@ class ModelInfo:
     experts_per_token: int | None = None
     # Query heads and MLP width (text_config num_attention_heads, intermediate_size): the shapes of the linear
     # layers vLLM wraps for LoRA. None where no public config value was found. E2B/E4B feed a per-layer input
-    # embedding (hidden_size_per_layer_input) through more linear layers.
+    # embedding of hidden_size_per_layer_input through more linear layers, and E2B's KV-shared layers have a
+    # double-width MLP (use_double_wide_mlp).
     num_attention_heads: int | None = None
     intermediate_size: int | None = None
-    per_layer_input: bool = False
+    per_layer_input_size: int = 0
+    double_wide_mlp: bool = False
     # Test models are built locally (`gemmaserve tiny-model`) and served from a directory.
     local_dir: str | None = None
     is_test_model: bool = False
@@ -98,7 +100,8 @@ class ModelInfo:
 #   so the flag does not halve the page size; an A100 user's "6.96x" (https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/) only reproduces with both stored.
 # - Query heads and intermediate sizes: the released text_config as public checkpoint converters assert it
 #   (31B: num_attention_heads 32, intermediate_size 21504; E2B: 8 and 6144; E4B: intermediate_size 10240);
-#   E2B/E4B have hidden_size_per_layer_input 256. 26B-A4B's and E4B's head counts were not found.
+#   E2B/E4B have hidden_size_per_layer_input 256, E2B use_double_wide_mlp true. 26B-A4B's and E4B's head
+#   counts were not found.
 # - Max context: model cards (128K for E2B/E4B, 256K for 31B/26B-A4B).
 # - Checkpoint bytes (hubs are unreachable here; every value is quoted by public sources, none measured):
 #   31B: model.safetensors.index.json metadata.total_size 62,546,177,752 (google/gemma-4-31B-it at
@@ -140,7 +143,8 @@ MODELS: tuple[ModelInfo, ...] = (
         total_params_b=5.1,
         num_attention_heads=8,
         intermediate_size=6144,
-        per_layer_input=True,
+        per_layer_input_size=256,
+        double_wide_mlp=True,
     ),
     ModelInfo(
         hf_id="google/gemma-4-E4B-it",
@@ -159,7 +163,7 @@ MODELS: tuple[ModelInfo, ...] = (
         modalities=frozenset({"text", "image", "audio", "video"}),
         total_params_b=8.0,
         intermediate_size=10240,
-        per_layer_input=True,
+        per_layer_input_size=256,
     ),
     ModelInfo(
         hf_id="google/gemma-4-31B-it",

@@ -372,7 +372,8 @@ def architecture(config: dict[str, Any], ref: CheckpointRef) -> dict[str, Any]:
         "experts_per_token": int(text["top_k_experts"]) if experts and text.get("top_k_experts") else None,
         "num_attention_heads": int(text["num_attention_heads"]) if text.get("num_attention_heads") else None,
         "intermediate_size": int(text["intermediate_size"]) if text.get("intermediate_size") else None,
-        "per_layer_input": bool(text.get("hidden_size_per_layer_input")),
+        "per_layer_input_size": int(text.get("hidden_size_per_layer_input") or 0),
+        "double_wide_mlp": bool(text.get("use_double_wide_mlp", False)),
     }
 
 

@@ -999,29 +999,30 @@ def adapter_path(adapter: Adapter) -> str:
 def lora_slot_bytes(model: ModelInfo, tp: int, max_loras: int, max_rank: int) -> int | None:
     """Bytes per GPU of the LoRA buffers vLLM 0.32.0 allocates when it loads the model: for every linear layer of
     the language model, lora_a_stacked (n_slices x max_loras x rank x input) and lora_b_stacked (max_loras x output
-    x rank) in the model's 16-bit dtype, column-parallel layers split on output, row-parallel on input
-    (vllm/lora/layers/base_linear.py create_lora_weights; the model manager wraps every LinearBase,
-    lora/utils.py get_supported_lora_modules). Counted for dense Gemma 4 without per-layer input embeddings or
-    KV sharing (31B-shaped, checked against vLLM's own buffers in tests/vllm); None otherwise."""
-    if (
-        model.is_moe
-        or model.per_layer_input
-        or model.num_kv_shared_layers
-        or model.num_attention_heads is None
-        or model.intermediate_size is None
-    ):
+    x rank) in the model's 16-bit dtype, column-parallel layers split on output, row-parallel on input, replicated
+    ones whole (vllm/lora/layers/base_linear.py create_lora_weights, column_/row_/replicated_linear.py; every
+    LinearBase is wrapped, lora/utils.py get_supported_lora_modules). The layers are gemma4.py's: qkv_proj (q_proj
+    alone in KV-shared layers), o_proj, gate_up_proj/down_proj (double width in KV-shared layers with
+    use_double_wide_mlp), and with per-layer inputs per_layer_input_gate, per_layer_projection and the model's
+    per_layer_model_projection. Checked against vLLM's own buffers in tests/vllm. None for MoE models (expert
+    LoRA is not modelled) and where the head count or MLP width is unknown."""
+    if model.is_moe or model.num_attention_heads is None or model.intermediate_size is None:
         return None
-    hidden, mlp, heads = model.hidden_size, model.intermediate_size, model.num_attention_heads
-    elements = 0
-    for kind in model.layer_kinds:
-        shape = model.shape(kind)
+    hidden, heads, ple = model.hidden_size, model.num_attention_heads, model.per_layer_input_size
+    first_shared = model.num_layers - model.num_kv_shared_layers
+    elements = hidden + ple * model.num_layers // tp if ple else 0  # per_layer_model_projection (column-parallel)
+    for index, kind in enumerate(model.layer_kinds):
+        shape, shared = model.shape(kind), index >= first_shared
         q = heads * shape.head_dim // tp
         # QKVParallelLinear replicates KV heads when there are fewer than ranks.
         kv = max(1, shape.kv_heads // tp) * shape.head_dim
-        elements += 3 * hidden + (q + 2 * kv)  # qkv_proj: A per q/k/v slice, B over the rank's outputs
+        elements += hidden + q if shared else 3 * hidden + q + 2 * kv  # q_proj, or qkv_proj: A per slice
         elements += q + hidden  # o_proj (row-parallel)
+        mlp = model.intermediate_size * (2 if shared and model.double_wide_mlp else 1)
         elements += 2 * hidden + 2 * mlp // tp  # gate_up_proj: A per slice, B over the rank's outputs
         elements += mlp // tp + hidden  # down_proj (row-parallel)
+        if ple:
+            elements += 2 * (hidden + ple)  # per_layer_input_gate and per_layer_projection (replicated)
     return elements * max_loras * max_rank * 2
 
 
@@ -1220,7 +1221,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     if adapters and lora_slot_bytes(model, 1, len(adapters), _max_lora_rank(adapters)) is None:
         result.warnings.append(
             f"{len(adapters)} LoRA adapter(s) served: the memory vLLM reserves for LoRA slots is not counted in "
-            f"the KV-cache estimate for {model.hf_id} (counted for dense models without per-layer inputs)"
+            f"the KV-cache estimate for {model.hf_id} (counted for dense models whose head count and MLP width are known)"
         )
     elif adapters and acc.is_tpu:
         result.warnings.append("LoRA on TPU: tpu-inference's LoRA memory is not counted in the KV-cache estimate")

@@ -467,7 +467,8 @@ def test_lora_buffers_come_out_of_the_kv_cache(tmp_path: Path) -> None:
 
 
 def test_lora_memory_not_derived_is_said(tmp_path: Path) -> None:
-    """E4B (per-layer input embeddings, KV sharing): the plan says its LoRA memory is not counted."""
+    """E4B (its head count was not found) and 26B-A4B (expert LoRA): the plan says LoRA memory is not counted;
+    E2B's is counted."""
     sql = adapter_dir(tmp_path, "gemma4-31b-lora-r16")
     spec = {
         "model": "e4b",
@@ -475,6 +476,8 @@ def test_lora_memory_not_derived_is_said(tmp_path: Path) -> None:
         "serving": {"lora_adapters": [{"name": "a", "source": str(sql)}]},
     }
     assert lora_slot_bytes(CATALOG.model("e4b"), 1, 1, 16) is None
+    assert lora_slot_bytes(CATALOG.model("26b-a4b"), 1, 1, 16) is None
+    assert lora_slot_bytes(CATALOG.model("e2b"), 1, 1, 16) == 52_666_368
     assert any("not counted" in w for w in plan(parse_spec(spec)).warnings)
 
 

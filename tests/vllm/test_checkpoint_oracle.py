@@ -292,6 +292,19 @@ LORA_CASES = {
     "k-eq-v": ({}, 2, 16),
     "plain-attention": ({"attention_k_eq_v": False, "num_hidden_layers": 12, "intermediate_size": 96}, 1, 8),
     "wide": ({"num_attention_heads": 8, "num_key_value_heads": 4, "layer_types": None}, 3, 64),
+    # The E2B form: per-layer input embeddings, KV-shared layers with q_proj alone and a double-width MLP
+    "per-layer-inputs": (
+        {
+            "attention_k_eq_v": False,
+            "layer_types": ["sliding_attention", "full_attention"] * 3,
+            "num_kv_shared_layers": 2,
+            "use_double_wide_mlp": True,
+            "hidden_size_per_layer_input": 8,
+            "vocab_size_per_layer_input": 256,
+        },
+        2,
+        16,
+    ),
 }
 
 
