@@ -75,7 +75,11 @@ def read_json(ref: CheckpointRef, filename: str, needed: tuple[str, ...]) -> dic
             if ref.is_local
             else f"{filename} of {ref.describe()} is not in the local Hugging Face cache (planning does not download)"
         )
-        fetch = "" if ref.is_local else f"; fetch the small files first: {ref.download_hint(needed)}"
+        fetch = (
+            ""
+            if ref.is_local
+            else f"; fetch the small files first: {ref.download_hint(needed)} (or `gemmaserve plan --fetch`)"
+        )
         raise CheckpointError(f"{where}{fetch}")
     try:
         data = json.loads(text)
