@@ -461,10 +461,6 @@ class FleetPlan:
     def addresses(self) -> list[str]:
         return [m.address for m in self.members]
 
-    def describe(self) -> str:
-        hosts = ", ".join(f"{m.name} {m.address}" for m in self.members)
-        return f"fleet of {len(self.members)} hosts ({hosts}), each conversation to one host, peers on port {self.peer_port}"
-
     def to_json(self) -> dict:
         return {
             "peer_port": self.peer_port,
@@ -519,7 +515,7 @@ def plan_fleet(self_name: str, members: list[tuple[str, str | None, Spec]]) -> F
         raise SpecError(problems, f"fleet of {self_name}")
     ids: dict[int, str] = {}
     for name in sorted(by_name):
-        # Two names on one id (about 1 in 2 million per pair): the later name takes the next free id.
+        # Two names on one id (about 1 in a million per pair): the later name takes the next free id.
         host_id = fleet_host_id(name)
         while host_id in ids:
             host_id = host_id % (FLEET_ID_LIMIT - 1) + 1
