@@ -23,7 +23,7 @@ system-packages:
 # Everything: lint, unit, Pulumi mocks, policy, workflow lint, and the sandbox (real hosts, real vLLM). Two
 # workers: the sandbox tier in order on one, the rest in order on the other (tests/conftest.py, docs/testing.md).
 test: venv system-packages lint
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest -n 2
 
 # The fast tier (docs/testing.md, "Test tiers"): lint and every test needing no sandbox host, no vLLM CPU venv
 # and no network.

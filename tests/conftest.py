@@ -46,6 +46,33 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
+# `make test` runs two pytest-xdist workers (docs/testing.md): one runs every test under these directories, the
+# sandbox tier with them, in order (its hosts are session fixtures its modules share); the other runs everything
+# else in order. The two never share a fixture, a port or a host, and the CPU-bound tests run while sandbox tests
+# wait on hosts. A sandbox test elsewhere would run beside them: `pytest_collection_modifyitems` refuses it.
+SANDBOX_WORKER_DIRS = ("tests/roles/sandbox/", "tests/sandbox/")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Two work units, not xdist's per-test or per-module ones: SANDBOX_WORKER_DIRS' tests and the rest."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TwoUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "sandbox" if nodeid.startswith(SANDBOX_WORKER_DIRS) else "rest"
+
+    return TwoUnits(config, log)
+
+
+def outside_the_sandbox_worker(items: list[pytest.Item]) -> list[str]:
+    """Each sandbox test that `make test`'s scheduler would run beside the sandbox worker instead of on it."""
+    return [
+        f"{item.nodeid}: a sandbox test outside {', '.join(SANDBOX_WORKER_DIRS)}"
+        for item in items
+        if item.get_closest_marker("sandbox") and not item.nodeid.startswith(SANDBOX_WORKER_DIRS)
+    ]
+
+
 def unmarked_tiers(items: list[pytest.Item]) -> list[str]:
     """Each test asking for a tier's fixture without that tier's marker."""
     problems = []
@@ -62,11 +89,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Before `-m` deselects anything: every collected test is held to its fixtures' tiers.
     if unmarked := unmarked_tiers(items):
         raise pytest.UsageError("tests missing their tier's marker (docs/testing.md):\n" + "\n".join(unmarked))
-    # `make test` runs two pytest-xdist workers with `--dist loadgroup`: one runs the sandbox tier in order (its
-    # hosts are session fixtures, shared by its modules), the other everything else in order, so the two never
-    # share a fixture, a port or a host, and the CPU-bound tests run while sandbox tests wait on hosts.
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("sandbox" if item.get_closest_marker("sandbox") else "rest"))
+    if misplaced := outside_the_sandbox_worker(items):
+        raise pytest.UsageError(
+            "sandbox tests must live where make test's sandbox worker runs them:\n" + "\n".join(misplaced)
+        )
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
