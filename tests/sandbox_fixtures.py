@@ -250,10 +250,20 @@ def bucket_hosts(
         "systemctl start gemmaserve-cache-save.service && journalctl -u gemmaserve-cache-save -o cat"
     )
     assert saved.rc == 0, saved.stderr
+    serving = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
+    # A host restores another host's cache only once it is promoted (docs/weights-and-caches.md): A's, with the
+    # command the docs give operators, run on A (with its access to the bucket: here the emulator's address).
+    weights = serving.weights
+    promote = (
+        f"STORAGE_EMULATOR_HOST={bucket_emulator.emulator.endpoint} python3 /opt/gemmaserve/lib/compile_cache.py "
+        f"promote --keys {serving.replicas[0].cache_key} --from-host $(hostname) --bucket {weights.bucket} "
+        f"--bucket-prefix {weights.compile_cache_prefix}"
+    )
+    promoted = remotes[0].run(promote)
+    assert promoted.rc == 0, promoted.stderr
     started = float(remotes[1].run("date +%s.%N").stdout)
     second = deploy(up[1].name, data, tmp_path_factory.mktemp("bucket-b"))
     assert second.returncode == 0, second.output[-4000:]
-    serving = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
     return BucketHosts(up, remotes, serving, data, started)
 
 
@@ -348,6 +358,8 @@ class Load:
     ok: int = 0
     rerouted: int = 0
     failures: list[str] = field(default_factory=list)
+    # When each failed request was sent (monotonic), in the order of `failures`.
+    failures_sent: list[float] = field(default_factory=list)
     spans: list[tuple[float, float, int]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -382,6 +394,7 @@ class Load:
                     continue
                 with self._lock:
                     self.failures.append(f"{url}: {error!r}")
+                    self.failures_sent.append(started)
                 return
             if status == 503 and any(marker in body for marker in NO_SERVER) and not last:
                 with self._lock:
@@ -397,10 +410,19 @@ class Load:
             with self._lock:
                 if problem:
                     self.failures.append(f"{url}: {problem}")
+                    self.failures_sent.append(started)
                 else:
                     self.ok += 1
                     self.spans.append((started, time.monotonic(), which))
             return
+
+    def failed_sent_before(self, moment: float) -> int:
+        """Failed requests that were sent before `moment`."""
+        return sum(1 for sent in self.failures_sent if sent < moment)
+
+    def failures_sent_after(self, moment: float) -> list[str]:
+        """The failures of requests sent at or after `moment`."""
+        return [failure for failure, sent in zip(self.failures, self.failures_sent, strict=True) if sent >= moment]
 
     def in_flight_at(self, moment: float, endpoint: int | None = None) -> int:
         """Completed requests (to endpoint number `endpoint`, or any) that started before `moment` and ended

@@ -61,7 +61,7 @@ from tests.roles.sandbox.test_resilience import (  # noqa: F401 - tests collecte
     test_both_replicas_serve_behind_haproxy,
     test_plain_stop_under_load_finishes_every_accepted_request,
     test_reboot_brings_units_router_and_compile_cache_back,
-    test_sigkilled_replica_loses_no_request_and_is_restarted,
+    test_sigkilled_replica_fails_no_request_sent_after_the_kill_and_is_restarted,
     test_token_and_api_key_absent,
     test_token_and_api_key_absent_from_pyinfra_output,
     test_token_file_on_disk_is_root_only,
@@ -390,12 +390,21 @@ def test_podman_runs_an_amd_replicas_unit_command(two_replicas, sandbox_host, se
 
 
 def test_podman_runs_a_tpu_replicas_unit_command(two_replicas, sandbox_host, served_image):
-    """tpu-v6e4 in container mode: the real podman accepts the unit's flags (privileged, the host's /dev/shm
-    for the XLA cache) and the plan's environment reaches the process."""
+    """tpu-v6e4 in container mode: the real podman accepts the unit's flags (the chips' VFIO nodes only, no
+    privileges, the host's /dev/shm for the XLA cache) and the plan's environment reaches the process."""
     spec = load_stack_spec("tpu-v6e4", ROOT).model_dump(exclude_none=True)
     spec["engine"] = {"kind": "container", "image": served_image.reference}
     serving = plan(parse_spec(spec)).require_ok()
     replica = serving.replicas[0]
+    # Stand-ins for a TPU VM's nodes (VFIO's container node is misc 10:196; each chip an IOMMU group's node, of
+    # the dynamic major vfio registers), so podman finds every --device the unit names.
+    vfio = [d for d in replica.container_devices if d.startswith("/dev/vfio/")]
+    assert "/dev/vfio/vfio" in vfio and len(vfio) > 1, replica.container_devices
+    groups = "; ".join(f"[ -e {d} ] || mknod -m 666 {d} c 240 {d.rsplit('/', 1)[1]}" for d in vfio if d[-1].isdigit())
+    made = sandbox_host.run(
+        f"mkdir -p /dev/vfio; [ -e /dev/vfio/vfio ] || mknod -m 666 /dev/vfio/vfio c 10 196; {groups}"
+    )
+    assert made.rc == 0, made.stderr
     marker = "gemmaserve-tpu-probe"
     sandbox_host.run(f"touch /dev/shm/{marker}")
     try:

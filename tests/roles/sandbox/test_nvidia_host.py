@@ -222,7 +222,8 @@ def test_nvidia_unit_passes_systemd_analyze_and_shows_its_policy(gpu_host):
         "NUMAMask",
     )
     assert shown["DevicePolicy"] == "closed"
-    assert device_allow(shown) == ["char-nvidia rw", "char-nvidia-uvm rw"]
+    # The GPUs, unified memory, and MIG's capability nodes (/dev/nvidia-caps, roles/replicas).
+    assert device_allow(shown) == ["char-nvidia rw", "char-nvidia-caps rw", "char-nvidia-uvm rw"]
     after = shown["After"].split()
     for unit in ("gemmaserve-nvidia-devices.service", "nvidia-persistenced.service", "nvidia-fabricmanager.service"):
         assert unit in after
