@@ -8,12 +8,14 @@ Every decision is an operation in pyinfra's output; a second run yields nothing.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import posixpath
 from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files, systemd
 
 from roles._lib.facts import PathState, UnitState
@@ -47,6 +49,40 @@ def managed_file(
         return
     src = str(content) if isinstance(content, Path) else StringIO(content_bytes(content).decode())
     yield from files.put._inner(src=src, dest=dest, user=user, group=group, mode=mode)
+
+
+@operation()
+def managed_secret(
+    dest: str, content: Path, current: PathState, user: str = "root", group: str = "root", mode: str = "0400"
+):
+    """`dest` holds the local file `content` (a token, a private key), written without a moment readable by others.
+
+    pyinfra's `files.put` uploads to a temporary file named from `dest`'s hash (readable by other users under
+    the ssh user's umask) and chmods `dest` after copying. Here the bytes go through the command's stdin,
+    base64-encoded (pyinfra's `write_stdin` ends each line with a newline; base64 keeps the bytes exact), to
+    `install`, which replaces `dest` with a new file created under umask 077 (owner-only from its first byte),
+    then sets owner and mode.
+    Neither the secret nor its encoding is in the command line, so pyinfra's output and `ps` never show it.
+    """
+    if same_content(current, content) and _owned(current, "file", user, group, mode):
+        host.noop(f"{dest} is up to date (same SHA1, {user}:{group} {mode})")
+        return
+    encoded = base64.encodebytes(content_bytes(content)).decode()
+    yield StringCommand(
+        "mkdir -p",
+        QuoteString(posixpath.dirname(dest) or "/"),
+        "&& ( umask 077 && base64 -d | install",
+        "-m",
+        QuoteString(mode),
+        "-o",
+        QuoteString(user),
+        "-g",
+        QuoteString(group),
+        "/dev/stdin",
+        QuoteString(dest),
+        ")",
+        _stdin=encoded,
+    )
 
 
 @operation()

@@ -16,7 +16,7 @@ from pyinfra.operations import files, server, systemd
 
 from gemmaserve.plan import AccessPlan, Plan
 from roles._lib.facts import HostState, PathState
-from roles._lib.managed import managed_directory, managed_file, managed_service
+from roles._lib.managed import managed_directory, managed_file, managed_secret, managed_service
 from roles._lib.programs import LIB_DIR, installed_path, program_source
 from roles._lib.render import render
 from roles._lib.settings import LocalFile, RoleSettings
@@ -130,7 +130,7 @@ def key_store(dest: str, current: PathState, seed: str | None = None):
         host.noop(f"{dest} exists; keys are added and revoked with `gemmaserve keys`")
         return
     if seed:
-        yield from files.put._inner(src=seed, dest=dest, user="root", group="root", mode="0600")
+        yield from managed_secret._inner(dest=dest, content=Path(seed), current=current, mode="0600")
         return
     # No key yet: every request but /health is refused until `gemmaserve keys add`.
     yield key_store_init_command(dest)
@@ -171,12 +171,11 @@ def _certificate(plan: AccessPlan, settings: Settings, now: HostState, unit_path
         )
         return unit.did_change
     if settings.tls_src:
-        put = managed_file(
+        put = managed_secret(
             name=f"Install the TLS certificate {plan.tls_cert}",
             dest=plan.tls_cert,
             content=Path(settings.tls_src),
             current=now.path(plan.tls_cert),
-            mode="0400",
         )
         return put.did_change
     return lambda: False

@@ -9,11 +9,11 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from gemmaserve.plan import TOKEN_RUNTIME_PATH, Plan
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_file
+from roles._lib.managed import managed_file, managed_secret
 from roles._lib.programs import installed_path, program_source
 from roles._lib.render import render
 from roles._lib.settings import LocalFile, RoleSettings
@@ -45,13 +45,11 @@ def secrets(serving: Plan) -> None:
 
 def _file_source(path: str, settings: Settings) -> None:
     if settings.hf_token_src:
-        files.put(
+        managed_secret(
             name=f"Install the Hugging Face token file {path}",
-            src=settings.hf_token_src,
             dest=path,
-            user="root",
-            group="root",
-            mode="0400",
+            content=Path(settings.hf_token_src),
+            current=HostState(host, paths=[path]).path(path),
         )
         return
     if not host.get_fact(File, path=path):
