@@ -633,8 +633,8 @@ class QueuedResourceProvider(ResourceProvider):
                 try:
                     self._delete_and_wait(api, name, node_name(props, candidate.zone), props)
                     continue
-                except (ApiError, QueuedResourceFailed) as error:
-                    self._say(f"{qr_id}: could not delete the {observation.state} request ({error}); keeping it")
+                except Exception as error:  # noqa: BLE001 - not deleted: it is returned, so Pulumi tracks it
+                    self._say(f"{qr_id}: could not delete the {observation.state} request ({error!r}); keeping it")
             return self._outs(api, props, candidate, observation, history)
         raise QueuedResourceFailed(qr_id, "NO_CAPACITY", "no candidate could be queued: " + "; ".join(misses))
 
@@ -721,14 +721,15 @@ class QueuedResourceProvider(ResourceProvider):
         }
 
     def _wait(self, api: TpuApi, name: str, deadline: float) -> Observation:
-        """Poll until ACTIVE, dead, or the deadline; errors while reading end the wait as UNKNOWN."""
+        """Poll until ACTIVE, dead, or the deadline; errors while reading (API errors, and transport errors
+        as well: the request this waits on exists) end the wait as UNKNOWN, never raise."""
         started, seen, errors = self.clock(), None, 0
         short = name.rsplit("/", 1)[-1]
         while True:
             try:
                 queued = api.get_queued_resource(name)
-            except ApiError as error:
-                if error.status == "NOT_FOUND":
+            except Exception as error:  # noqa: BLE001 - a read timing out must not raise past a live request
+                if isinstance(error, ApiError) and error.status == "NOT_FOUND":
                     return Observation(GONE)
                 errors += 1
                 self._say(f"{short}: could not read its state ({error})")
@@ -759,8 +760,8 @@ class QueuedResourceProvider(ResourceProvider):
                 workers = [e["ipAddress"] for e in endpoints if e.get("ipAddress")]
                 if len(workers) > 1:
                     self._say(f"{props['node_id']}: {len(workers)} workers ({', '.join(workers)}), not one host")
-            except ApiError as error:
-                self._say(f"{props['node_id']}: could not read the node's address ({error})")
+            except Exception as error:  # noqa: BLE001 - the request exists: its outputs are returned regardless
+                self._say(f"{props['node_id']}: could not read the node's address ({error!r})")
         return {
             **{k: props.get(k) for k in INPUT_KEYS},
             "zone": candidate.zone,

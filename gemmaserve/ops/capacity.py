@@ -265,11 +265,28 @@ class Pass:
     outputs: dict[str, Any] = field(default_factory=dict)
 
 
-def reconcile_once(stack: PulumiStack, clouds: Clouds, clock: Callable[[], float], log: Callable[[str], None]) -> Pass:
-    """Look; if anything needs `up` (dead, ending, stopped, or ready but unknown to Pulumi), run it once."""
+def reconcile_once(
+    stack: PulumiStack,
+    clouds: Clouds,
+    clock: Callable[[], float],
+    log: Callable[[str], None],
+    known: set[str] | None = None,
+) -> Pass:
+    """Look; if anything needs `up` (dead, ending, stopped, or ready but unknown to Pulumi), run it once.
+
+    `known`: what earlier passes saw in the state. `up --refresh` drops a request that is gone from the
+    state before it creates one; when that create fails, the state no longer holds the request at all, so
+    only what was there before tells that the stack lost it: such a name runs `up` until one succeeds.
+    """
     rows = survey(stack, clouds, clock())
     reasons = [f"{r.name}: {r.next}" for r in rows if r.needs_up]
     reasons += [f"{r.name}: {r.state} at {r.address}, Pulumi has {r.stored_state}" for r in rows if r.stale]
+    if known is not None:
+        reasons += [
+            f"{name}: no longer in Pulumi's state (gone at a refresh, and the create after it failed)"
+            for name in sorted(known - {r.name for r in rows})
+        ]
+        known.update(r.name for r in rows)
     if not reasons:
         return Pass(rows)
     why = "; ".join(reasons)
@@ -279,7 +296,12 @@ def reconcile_once(stack: PulumiStack, clouds: Clouds, clock: Callable[[], float
     except Exception as error:  # noqa: BLE001 - a locked stack, an API error: report, try again next pass
         log(f"pulumi up failed ({type(error).__name__}: {str(error)[:500]}); trying again next pass")
         return Pass(rows, ran_up=True, why=why, error=str(error))
-    return Pass(survey(stack, clouds, clock()), ran_up=True, why=why, outputs=outputs)
+    rows = survey(stack, clouds, clock())
+    if known is not None:
+        # A successful `up` made the state what the program declares: what it no longer holds was removed.
+        known.clear()
+        known.update(r.name for r in rows)
+    return Pass(rows, ran_up=True, why=why, outputs=outputs)
 
 
 def describe(row: Capacity) -> str:
@@ -314,9 +336,9 @@ def wait(
 
     Returns (ready, rows, stack outputs). Progress: a line when anything changes, and every `heartbeat` s.
     """
-    deadline, seen, last_line = clock() + timeout, {}, 0.0
+    deadline, seen, last_line, known = clock() + timeout, {}, 0.0, set()
     while True:
-        result = reconcile_once(stack, clouds, clock, log)
+        result = reconcile_once(stack, clouds, clock, log, known)
         rows = result.rows
         for row in rows:
             line = describe(row)
@@ -324,9 +346,10 @@ def wait(
             if seen.get(row.name) != key or clock() - last_line >= heartbeat:
                 log(line)
                 seen[row.name], last_line = key, clock()
-        if rows and all(r.ready and not r.stale for r in rows):
+        lost = known - {r.name for r in rows}
+        if rows and not lost and all(r.ready and not r.stale for r in rows):
             return True, rows, result.outputs or stack_outputs(stack)
-        if not rows:
+        if not rows and not known:
             log(f"{stack.name}: no queued resource or VM in the stack's state (run pulumi up first)")
             return False, rows, {}
         if clock() >= deadline:
@@ -347,9 +370,10 @@ def watch(
 ) -> list[Pass]:
     """The reconciler: a pass every `interval` s (until `passes` or `stop()`); every pass is logged."""
     done: list[Pass] = []
+    known: set[str] = set()
     while not stop() and (passes is None or len(done) < passes):
         try:
-            result = reconcile_once(stack, clouds, clock, log)
+            result = reconcile_once(stack, clouds, clock, log, known)
         except Exception as error:  # noqa: BLE001 - a read failed: the next pass looks again
             log(f"pass failed ({type(error).__name__}: {str(error)[:500]})")
             result = Pass([], error=str(error))

@@ -166,6 +166,12 @@ class FakeTpu:
     # This many calls (reads and creates) answer 403 SERVICE_DISABLED, as the API does for a while after it
     # was enabled (enablement is eventually consistent).
     disabled_calls: int = 0
+    # One-shot faults of the caller's transport, by call: each call of that kind raises the next one. Before
+    # the API acted ("create", "get", "delete": the call never arrived, or its answer was an error) or after
+    # ("create-accepted", "delete-accepted": the request was made, or its deletion begun, and the caller
+    # still gets the error: an operation wait that timed out, a dropped connection, a credential refresh).
+    # A None lets that call through, so a fault can be aimed at the n-th call.
+    faults: dict[str, list[Exception | None]] = field(default_factory=dict)
     # Over HTTP: whether a create's long-running operation ever reports done (False: the wait times out).
     create_operations_finish: bool = True
     records: dict[str, Record] = field(default_factory=dict)
@@ -198,6 +204,13 @@ class FakeTpu:
 
     # --- the API --------------------------------------------------------------------------------
 
+    def _fault(self, call: str) -> None:
+        pending = self.faults.get(call)
+        if pending:
+            fault = pending.pop(0)  # None: this call goes through, the fault waits for a later one
+            if fault is not None:
+                raise fault
+
     def _still_disabled(self, project: str) -> None:
         if self.disabled_calls > 0:
             self.disabled_calls -= 1
@@ -207,6 +220,7 @@ class FakeTpu:
         with self.lock:
             name = f"{parent}/queuedResources/{queued_resource_id}"
             self.calls.append(("create", name, json.loads(json.dumps(body))))
+            self._fault("create")
             self._still_disabled(parent.split("/")[1])
             zone = parent.split("/")[3]
             self._validate(body, zone)
@@ -230,12 +244,16 @@ class FakeTpu:
                 raise error("INVALID_ARGUMENT", f"Provisioning model {model} is not supported in zone {zone}")
             first = "ACCEPTED" if spec.accepted_for else "WAITING_FOR_RESOURCES"
             self.records[name] = Record(name=name, zone=zone, body=body, created=self.clock(), state=first)
+            # "get-after-create": the reads that follow an accepted create fail as well (the same flaky link).
+            self.faults["get"] = self.faults.pop("get-after-create", []) + self.faults.get("get", [])
             if spec.raise_after_accept is not None:
                 raise spec.raise_after_accept
+            self._fault("create-accepted")
 
     def get_queued_resource(self, name: str) -> dict:
         with self.lock:
             self.calls.append(("get", name))
+            self._fault("get")
             self._still_disabled(name.split("/")[1])
             if self.flaky_gets > 0:
                 self.flaky_gets -= 1
@@ -252,6 +270,7 @@ class FakeTpu:
     def delete_queued_resource(self, name: str, force: bool = True) -> None:
         with self.lock:
             self.calls.append(("delete", name, force))
+            self._fault("delete")
             self._advance()
             record = self._record(name)
             if self.refuse_delete is not None:
@@ -261,6 +280,7 @@ class FakeTpu:
             if record.state != "DELETING":
                 record.state, record.initiator = "DELETING", "USER"
                 record.gone_at = self.clock() + self.delete_seconds
+            self._fault("delete-accepted")
 
     def get_node(self, name: str) -> dict:
         with self.lock:

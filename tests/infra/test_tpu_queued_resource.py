@@ -676,6 +676,18 @@ def test_a_failed_requeue_then_another_up_leaves_one_live_request(fault):
         assert_only_tracked_requests_live(fake, state)
 
 
+@pytest.mark.parametrize("fault", ["read timed out", "connection dropped", "credential refresh"])
+def test_a_read_failing_right_after_an_accepted_create_does_not_orphan_it(fault):
+    """The create went through; the reads after it fail with what is not an ApiError (found by the capacity
+    soak, tests/ops/test_capacity.py): create still returns the request, for Pulumi to track."""
+    fake = FakeTpu()
+    capacity(fake, ZONES[0], at=EPOCH + 3 * HOUR)
+    fake.faults["get-after-create"] = [FAULTS[fault]] * 3
+    state = up(provider(fake), None, props())
+    assert state is not None and state["zone"] == ZONES[0] and state["state"] == "UNKNOWN"
+    assert_only_tracked_requests_live(fake, state)
+
+
 def test_a_requeue_adopts_a_request_an_interrupted_update_left_in_another_zone():
     fake = FakeTpu()
     p = props()

@@ -2,7 +2,7 @@
 
 `FakeStack` is Pulumi's engine reduced to what `pulumi up --refresh` does to this program's capacity:
 refresh (provider.read; a vanished request leaves the state), then create or diff + update with the
-inputs last applied, then the `hosts` output recomputed from the resources. It keeps a deployment in
+inputs last applied (a provider that raises leaves the resource as the refresh left it), then the `hosts` output recomputed from the resources. It keeps a deployment in
 the shape `pulumi stack export` writes (type, urn, id, inputs, outputs). The TPU API behind it is the
 stateful fake of tests/infra/fake_tpu.py; `gemmaserve capacity` itself only ever gets `read_only(...)`
 views of the clouds, so a test fails if it tries to change anything except through `up`.
@@ -22,8 +22,11 @@ class FakeCompute:
     """compute.instances.get over a dict; tests set status (TERMINATED after a preemption, say)."""
 
     instances: dict[tuple[str, str, str], dict] = field(default_factory=dict)
+    # How many times each VM was created: a replacement shows here.
+    creations: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     def add(self, project: str, zone: str, name: str, status: str = "RUNNING", ip: str = "10.42.0.11", **extra) -> None:
+        self.creations[(project, zone, name)] = self.creations.get((project, zone, name), 0) + 1
         self.instances[(project, zone, name)] = {
             "name": name,
             "zone": zone,
@@ -53,6 +56,11 @@ def read_only(tpu, compute) -> Clouds:
     return Clouds(tpu=ReadOnly(tpu, "get_queued_resource", "get_node"), compute=ReadOnly(compute, "get_instance"))
 
 
+class UpKilled(BaseException):
+    """`pulumi up` killed mid-step (SIGKILL, a CI job's timeout): nothing the provider does catches it, and
+    the engine records nothing of the step it was in. A BaseException, as KeyboardInterrupt is."""
+
+
 class FakeStack:
     def __init__(self, name: str, provider, compute: FakeCompute | None = None, project: str = "gemmaserve-test"):
         self.name, self.provider, self.compute, self.project = name, provider, compute or FakeCompute(), project
@@ -65,6 +73,8 @@ class FakeStack:
         ]
         self.ups = 0
         self.fail_next_up: Exception | None = None
+        # Every replacement an `up` was about to make (urn, keys): the engine would delete the slice first.
+        self.replacements: list[tuple[str, list[str]]] = []
         self.log: list[str] = []
 
     # --- what a first `pulumi up` made -------------------------------------------------------------
@@ -105,17 +115,31 @@ class FakeStack:
         if self.fail_next_up is not None:
             error, self.fail_next_up = self.fail_next_up, None
             raise error
+        try:
+            return self._up(log)
+        except UpKilled as killed:
+            raise RuntimeError(f"pulumi up was killed: {killed}") from None
+
+    def _up(self, log) -> dict[str, Any]:
         for resource in self.deployment:
             if resource["type"] == QUEUED:
-                log(f"refreshing {resource['urn']}")
-                read = self.provider.read(resource["id"], resource["outputs"])
-                if not read.id:
+                if resource["id"]:
+                    log(f"refreshing {resource['urn']}")
+                    read = self.provider.read(resource["id"], resource["outputs"])
+                    if not read.id:
+                        # The refresh drops a request that is gone from the state; a create that then fails
+                        # leaves the stack without it until an `up` creates it.
+                        resource.update(id="", outputs={})
+                if not resource["id"]:
                     created = self.provider.create(resource["inputs"])
                     resource.update(id=created.id, outputs=created.outs)
                     continue
                 resource["outputs"] = read.outs
                 diff = self.provider.diff(resource["id"], resource["outputs"], resource["inputs"])
-                assert not diff.replaces, f"up would replace {resource['urn']}: {diff.replaces}"
+                if diff.replaces:
+                    # Recorded as well as raised: `gemmaserve capacity` reports a failed `up` and carries on.
+                    self.replacements.append((resource["urn"], list(diff.replaces)))
+                    raise AssertionError(f"up would replace {resource['urn']}: {diff.replaces}")
                 if diff.changes:
                     resource["outputs"] = self.provider.update(
                         resource["id"], resource["outputs"], resource["inputs"]
@@ -134,7 +158,7 @@ class FakeStack:
         hosts = []
         for resource in self.deployment:
             outs = resource.get("outputs") or {}
-            if resource["type"] == QUEUED:
+            if resource["type"] == QUEUED and outs:
                 hosts.append(
                     {
                         "name": outs["node_name"].rsplit("/", 1)[-1],

@@ -9,16 +9,29 @@ from __future__ import annotations
 
 import inspect
 import json
+import random
 
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from gemmaserve.cloud.tpu_api import ApiError
 from gemmaserve.ops import capacity
 from gemmaserve.ops.cli import app
-from tests.infra.fake_tpu import EPOCH, FakeTpu, Zone
-from tests.infra.test_tpu_queued_resource import HOUR, PROJECT, QR_ID, ZONES, props, provider, qr_name
-from tests.ops.fake_stack import FakeCompute, FakeStack, read_only
+from tests.infra.fake_tpu import EPOCH, FakeTpu, Zone, service_disabled
+from tests.infra.test_tpu_queued_resource import (
+    HOUR,
+    PROJECT,
+    QR_ID,
+    QUOTA_FAILURE,
+    STOCKOUT,
+    ZONES,
+    exhausted,
+    props,
+    provider,
+    qr_name,
+)
+from tests.ops.fake_stack import FakeCompute, FakeStack, UpKilled, read_only
 
 
 class World:
@@ -192,6 +205,261 @@ def test_watch_stops_when_asked():
         world.stack, world.clouds, 300, world.log, clock=world.clock, sleep=world.clock.sleep, stop=lambda: next(stops)
     )
     assert len(passes) == 1
+
+
+def test_watch_creates_a_request_a_failed_up_left_out_of_the_state():
+    """`up --refresh` drops a vanished request from the state, then its create fails: watch still runs `up`."""
+    world = World()
+    capacity_now(world, ZONES[0])
+    world.stack.create_queued_resource(world.props)
+    world.tpu.records.clear()  # deleted out of band
+    world.tpu.faults["create"] = [TimeoutError("The read operation timed out")]
+    passes = capacity.watch(
+        world.stack, world.clouds, 300, world.log, passes=3, clock=world.clock, sleep=world.clock.sleep
+    )
+    assert passes[0].error and not passes[1].error and "no longer in Pulumi's state" in passes[1].why
+    assert [r.state for r in passes[-1].rows] == ["ACTIVE"] and len(world.tpu.live()) == 1
+
+
+# --- watch through faults: many passes, never an orphan, never a replacement -----------------------
+
+LIVE_VM = "gs-soak-gpu-0"
+
+
+class Soak:
+    """One stack (a spot TPU slice and a spot GPU VM) watched for `passes` passes while a seeded RNG breaks
+    things between them: the faults of issue 25's review (creates accepted and then failing for the caller,
+    transport errors on create, get and delete, a re-queue whose create fails after acceptance, preemption,
+    queues expiring, SERVICE_DISABLED, quota and capacity RESOURCE_EXHAUSTED), then a calm tail in which
+    capacity must come back."""
+
+    # Each fault and how often it is drawn: the ones that make an `up` create are drawn most.
+    FAULTS = {
+        "accepted, then the operation wait times out": 3,
+        "accepted, then the connection drops": 3,
+        "create times out on the way": 2,
+        "accepted, then reads time out": 2,
+        "get fails": 2,
+        "delete times out on the way": 1,
+        "delete accepted, then the connection drops": 1,
+        "slice preempted": 3,
+        "VM preempted": 1,
+        "capacity leaves a zone": 1,
+        "capacity comes to a zone": 1,
+        "stockout in a zone": 1,
+        "over quota": 1,
+        "SERVICE_DISABLED": 1,
+        "up killed after a create was accepted": 2,
+    }
+
+    def __init__(self, seed: int, passes: int = 100, calm: int = 12, interval: float = 600):
+        self.rng = random.Random(seed)
+        self.passes, self.calm, self.interval = passes, calm, interval
+        self.world = World(provisioning="spot", valid_until_seconds=int(1.5 * HOUR), create_wait_seconds=120)
+        self.messages: list[str] = []
+        self.world.stack.provider.progress = self.messages.append
+        for zone in ZONES:
+            capacity_now(self.world, zone, at=self.world.clock() + self.rng.choice([0, HOUR, 3 * HOUR]))
+        self.world.stack.create_queued_resource(self.world.props)
+        self.world.stack.add_vm(LIVE_VM, "us-central1-a")
+        self.done = 0
+        self.injected: list[str] = []
+        # Kills not yet gone off; while one that did is not settled by a successful `up`, the request it may
+        # have left (one at most) is allowed outside the state: Pulumi could not have recorded it.
+        self.kills: list[UpKilled] = []
+        self.grace = False
+        self.ups_ok = 0
+        up = self.world.stack.up
+
+        def counted_up(log):
+            outputs = up(log)
+            self.ups_ok += 1
+            return outputs
+
+        self.world.stack.up = counted_up
+        self.running: dict[str, tuple[float, float]] = {}
+        self.vms_running: dict[tuple, int] = {}
+
+    # --- what the stack tracks and what the fake holds ---------------------------------------------
+
+    def tracked(self) -> set[str]:
+        return {
+            r["outputs"]["queued_resource_name"]
+            for r in self.world.stack.resources()
+            if r["type"] == capacity.QUEUED and r.get("id")
+        }
+
+    def held(self) -> set[str]:
+        """Every request the project holds (billing or not) that is not on its way out."""
+        return {r.name for r in self.world.tpu.live() if r.state != "DELETING"}
+
+    def check(self, where: str) -> None:
+        tracked, held = self.tracked(), self.held()
+        pending = self.world.tpu.faults.get("create-accepted") or []
+        fired = [kill for kill in self.kills if not any(kill is fault for fault in pending)]
+        if fired:
+            self.kills = [kill for kill in self.kills if kill not in fired]
+            self.grace, self.ups_then = True, self.ups_ok
+        elif self.grace and self.ups_ok > self.ups_then:
+            self.grace = False
+        if self.grace:
+            assert len(held - tracked) <= 1, f"{where}: {sorted(held - tracked)}"
+            held = held & tracked
+        assert held <= tracked, f"{where}: in Google Cloud but not in Pulumi's state: {sorted(held - tracked)}"
+        assert len(held) <= 1, f"{where}: {sorted(held)}"
+        for name, (created, active_at) in self.running.items():
+            record = self.world.tpu.records.get(name)
+            assert record is not None and record.state == "ACTIVE", f"{where}: the running slice {name} went"
+            assert (record.created, record.active_at) == (created, active_at), f"{where}: {name} was replaced"
+        for key, creations in self.vms_running.items():
+            assert self.world.compute.creations[key] == creations, f"{where}: the running VM {key} was replaced"
+        assert not self.world.stack.replacements, f"{where}: {self.world.stack.replacements}"
+        broken = [line for line in self.world.lines if "AssertionError" in line or "INVALID_ARGUMENT" in line]
+        assert not broken, f"{where}: the fake refused what was sent: {broken}"
+
+    # --- between passes ------------------------------------------------------------------------------
+
+    def between(self, seconds: float) -> None:
+        """watch's sleep: check the pass that just ran, break things for the next one, let time pass."""
+        self.done += 1
+        self.check(f"after pass {self.done} ({', '.join(self.injected[-3:])})")
+        if self.done < self.passes - self.calm:
+            for fault in self.rng.choices(list(self.FAULTS), list(self.FAULTS.values()), k=self.rng.choice([0, 1, 2])):
+                self.inject(fault)
+        elif self.done == self.passes - self.calm:
+            self.settle()
+        self.world.clock.sleep(seconds)
+        tpu = self.world.tpu
+        self.running = {r.name: (r.created, r.active_at) for r in tpu.live() if r.state == "ACTIVE"}
+        self.vms_running = {
+            key: self.world.compute.creations[key]
+            for key, vm in self.world.compute.instances.items()
+            if vm["status"] == "RUNNING"
+        }
+
+    def inject(self, fault: str) -> None:
+        tpu, rng = self.world.tpu, self.rng
+        self.injected.append(f"{self.done}: {fault}")
+
+        def aim(call: str, *errors: BaseException) -> None:
+            """The errors, after a few calls of that kind went through (so they land inside an `up` too);
+            creates and deletes are few (one an `up`, mostly), so their faults do not queue up."""
+            pending = tpu.faults.setdefault(call, [])
+            if call != "get" and any(pending):
+                return
+            pending.extend([None] * rng.randint(0, 4 if call == "get" else 1) + list(errors))
+
+        if fault == "accepted, then the operation wait times out":
+            aim(
+                "create-accepted",
+                ApiError(504, "DEADLINE_EXCEEDED", "Deadline expired before operation could complete."),
+            )
+        elif fault == "accepted, then the connection drops":
+            aim("create-accepted", ConnectionResetError("connection reset by peer"))
+        elif fault == "accepted, then reads time out":
+            aim("get-after-create", *[TimeoutError("The read operation timed out")] * rng.randint(1, 3))
+        elif fault == "create times out on the way":
+            aim("create", TimeoutError("The write operation timed out"))
+        elif fault == "get fails":
+            error = rng.choice(
+                [
+                    TimeoutError("The read operation timed out"),
+                    ApiError(503, "UNAVAILABLE", "The service is unavailable."),
+                ]
+            )
+            aim("get", *[error] * rng.randint(1, 3))
+        elif fault == "delete times out on the way":
+            aim("delete", TimeoutError("The write operation timed out"))
+        elif fault == "delete accepted, then the connection drops":
+            aim("delete-accepted", ConnectionResetError("connection reset by peer"))
+        elif fault == "slice preempted":
+            for record in tpu.live():
+                if record.state == "ACTIVE":
+                    tpu.preempt(record.name)
+                    # A spot slice is taken back when its zone runs short: capacity returns there later.
+                    tpu.zone(record.zone).capacity_at = self.world.clock() + rng.choice([600, HOUR, 4 * HOUR])
+        elif fault == "VM preempted":
+            self.world.compute.instances[(PROJECT, "us-central1-a", LIVE_VM)]["status"] = "TERMINATED"
+        elif fault == "capacity leaves a zone":
+            tpu.zone(rng.choice(ZONES)).capacity_at = None
+        elif fault == "capacity comes to a zone":
+            tpu.zone(rng.choice(ZONES)).capacity_at = self.world.clock() + rng.choice([0, 1200, HOUR])
+        elif fault == "stockout in a zone":
+            # RESOURCE_EXHAUSTED with ErrorInfo STOCKOUT, for the next create wherever it asks.
+            aim("create", exhausted([STOCKOUT]))
+        elif fault == "over quota":
+            aim("create", exhausted([QUOTA_FAILURE]))
+        elif fault == "up killed after a create was accepted":
+            self.kills.append(UpKilled("SIGKILL"))
+            aim("create-accepted", self.kills[-1])
+        elif fault == "SERVICE_DISABLED":
+            if rng.random() < 0.5:
+                tpu.disabled_calls = rng.randint(1, 4)
+            else:
+                aim(rng.choice(["get", "create"]), *[service_disabled(PROJECT)] * rng.randint(1, 4))
+
+    def settle(self) -> None:
+        """The calm tail: pending faults are dropped and capacity returns everywhere."""
+        self.world.tpu.faults.clear()
+        self.kills.clear()
+        self.world.tpu.disabled_calls = 0
+        for zone in ZONES:
+            self.world.tpu.zone(zone).capacity_at = self.world.clock()
+
+    def run(self) -> list[capacity.Pass]:
+        world = self.world
+        passes = capacity.watch(
+            world.stack,
+            world.clouds,
+            self.interval,
+            world.log,
+            passes=self.passes,
+            clock=world.clock,
+            sleep=self.between,
+        )
+        self.check("after the last pass")
+        return passes
+
+
+SEEDS = [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_watch_through_faults_never_orphans_a_request_nor_replaces_a_running_slice(seed):
+    soak = Soak(seed)
+    passes = soak.run()  # checks after every pass: nothing held that the state does not track, no replacement
+    world = soak.world
+    assert sum(p.ran_up for p in passes) >= 5 and sum(bool(p.error) for p in passes) >= 5, soak.injected
+    # Capacity came back: the slice is ACTIVE, the VM RUNNING, and Pulumi's state and hosts say so.
+    rows = passes[-1].rows
+    assert sorted((r.kind, r.state) for r in rows) == [("tpu", "ACTIVE"), ("vm", "RUNNING")], rows
+    assert all(not r.stale and not r.needs_up for r in rows)
+    assert soak.held() == soak.tracked()
+    (slice_,) = [r for r in rows if r.kind == "tpu"]
+    hosts = {h["name"]: h["internal_ip"] for h in world.stack.resources()[0]["outputs"]["hosts"]}
+    assert slice_.address in hosts.values()
+
+
+def test_the_soak_reaches_every_path_it_is_meant_to():
+    """Across the seeds, every fault is drawn and each path it aims at is taken at least once: an accepted
+    create adopted, a killed `up`'s leftover adopted, quota failing fast, a stockout moving on, a queue
+    expiring, SERVICE_DISABLED answered."""
+    seen: dict[str, int] = dict.fromkeys(
+        ("adopted after accept", "leftover adopted", "quota", "stockout", "expired", "disabled"), 0
+    )
+    drawn: set[str] = set()
+    for seed in SEEDS:
+        soak = Soak(seed)
+        soak.run()
+        drawn |= {line.split(": ", 1)[1] for line in soak.injected}
+        seen["adopted after accept"] += sum("failed after it was accepted" in m for m in soak.messages)
+        seen["leftover adopted"] += sum("adopting the existing" in m for m in soak.messages)
+        seen["quota"] += sum("is QUOTA" in line for line in soak.world.lines)
+        seen["stockout"] += sum("no capacity in" in m for m in soak.messages)
+        seen["expired"] += sum("valid-until" in line for line in soak.world.lines)
+        seen["disabled"] += sum("has not been used" in line for line in soak.world.lines)
+    assert drawn == set(Soak.FAULTS)
+    assert all(seen.values()), seen
 
 
 # --- wait -------------------------------------------------------------------------------------------
