@@ -905,6 +905,13 @@ def _json(value) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+# vLLM fetches any http(s) media URL unless --allowed-media-domains lists hosts, and an empty list allows every
+# host (MediaConnector._assert_url_in_allowed_media_domains, vllm/multimodal/media/connector.py at v0.32.0:
+# https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/multimodal/media/connector.py). With no host allowed
+# the plan lists one under .invalid, which never resolves (RFC 6761 section 6.4): no URL is fetched.
+NO_MEDIA_DOMAIN = "no-media-urls.invalid"
+
+
 def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduling: bool) -> list[str]:
     model, acc, wl = spec.model_info, spec.accelerator_info, spec.workload
     weights = WeightsPlan.of(spec)
@@ -950,6 +957,8 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
     if wl.tool_calling or wl.reasoning:
         argv += ["--chat-template", CHAT_TEMPLATE_PATH]
     argv += ["--limit-mm-per-prompt", _json(limits)]
+    if any(limits.values()):
+        argv += ["--allowed-media-domains", *(wl.allowed_media_domains or (NO_MEDIA_DOMAIN,))]
     if wl.vision_token_budget is not None and limits.get("image"):
         argv += ["--mm-processor-kwargs", _json({"max_soft_tokens": wl.vision_token_budget})]
         if wl.vision_token_budget > 280:
@@ -1117,6 +1126,10 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
     acc, wl = spec.accelerator_info, spec.workload
     cache = f"{SHM_CACHE_ROOT}/{key}"
     env = {"HF_HOME": HF_HOME, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    if _multimodal_on(spec):
+        # vLLM follows redirects of media URLs by default (vllm/envs.py at v0.32.0): an allowed host's
+        # redirect would reach any address. The allow-list holds only without them.
+        env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] = "0"
     from_bucket = spec.weights.source == "bucket"
     if spec.secret is not None and not from_bucket:
         # The token is a systemd credential on tmpfs; only its path is in the environment.

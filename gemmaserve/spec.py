@@ -221,7 +221,24 @@ class Workload(Strict):
     # the same ones for every replica on a host; "nobind" leaves placement to the kernel; "0-3|4-7"
     # gives each tensor-parallel rank its own cores.
     cpu_threads_bind: str = Field("auto", description="VLLM_CPU_OMP_THREADS_BIND for the cpu profile.")
+    # Hosts vLLM may fetch image_url/audio_url/video_url media from (exact names, as vLLM compares them).
+    # Empty: no http(s) media URL is fetched at all; clients send media inline as data: URLs.
+    allowed_media_domains: tuple[str, ...] = Field(
+        (), description="Hosts whose media URLs vLLM may fetch (--allowed-media-domains); empty: none."
+    )
     extra_args: tuple[str, ...] = Field((), description="More vLLM flags, checked by vLLM's own parser.")
+
+    @field_validator("allowed_media_domains")
+    @classmethod
+    def _media_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        label = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+        for name in value:
+            if len(name) > 253 or not re.fullmatch(rf"{label}(\.{label})*", name):
+                raise ValueError(
+                    f"{name!r}: allowed: a lower-case host name such as 'images.example.com' (letters, digits, "
+                    "'-' and dots; no scheme, port, path, wildcard or trailing dot)"
+                )
+        return value
 
     @field_validator("cpu_threads_bind")
     @classmethod

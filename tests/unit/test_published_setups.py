@@ -10,16 +10,18 @@ mistakes, plus our documented additions. The setups:
 Each test writes the setup's command as published, then lists exactly what differs and why.
 """
 
-from gemmaserve.plan import CHAT_TEMPLATE_PATH, plan
+from gemmaserve.plan import CHAT_TEMPLATE_PATH, NO_MEDIA_DOMAIN, plan
 from gemmaserve.spec import parse_spec
 
 from .published_argv import env_of, serve_flags
 
 # Our documented additions to every server: the tool chat template for tool/reasoning servers (vLLM's Gemma 4
 # recipe "Server Flags Reference"; the path is where the vllm role installs it), and a graceful stop (none of
-# the setups sets --shutdown-timeout, so a restart aborts their in-flight requests; serving.shutdown_timeout).
+# the setups sets --shutdown-timeout, so a restart aborts their in-flight requests; serving.shutdown_timeout),
+# and no media URL fetched unless workload.allowed_media_domains lists its host (each setup's vLLM fetches any).
 SHUTDOWN = {"--shutdown-timeout": 120}
-TEMPLATE = {"--chat-template": CHAT_TEMPLATE_PATH, **SHUTDOWN}
+MEDIA = {"--allowed-media-domains": NO_MEDIA_DOMAIN}
+TEMPLATE = {"--chat-template": CHAT_TEMPLATE_PATH, **SHUTDOWN, **MEDIA}
 
 CALLSTACK_BASELINE = """CUDA_VISIBLE_DEVICES=0,1 vllm serve google/gemma-4-31B-it \
   --tensor-parallel-size 2 --gpu-memory-utilization 0.90 --max-model-len 32768 \
@@ -173,7 +175,7 @@ def test_v6e4_writeup_e2b_on_v6e4():
     model, expected = serve_flags(V6E4_WRITEUP_E2B)
     # Additions: the utilization is always explicit (0.90, Callstack and the Turbo-Stable setup), plus template, host and port.
     expected.update(TEMPLATE)
-    expected.update({"--gpu-memory-utilization": 0.90, "--host": "127.0.0.1", "--port": 8000, **SHUTDOWN})
+    expected.update({"--gpu-memory-utilization": 0.90, "--host": "127.0.0.1", "--port": 8000, **SHUTDOWN, **MEDIA})
     assert serve_flags(replica.argv) == (model, expected)
     assert replica.tensor_parallel_size == 4  # TP = chip count
     assert result.warnings == []  # E2B has audio: nothing dropped
@@ -197,6 +199,7 @@ def test_vllm_recipe_benchmark_server():
     }
     (replica,) = _only(data).replicas
     model, expected = serve_flags(RECIPE_BENCHMARK)
+    # Text only: no media at all, so no allow-list either.
     expected.update({"--gpu-memory-utilization": 0.90, "--host": "127.0.0.1", "--port": 8000, **SHUTDOWN})
     assert serve_flags(replica.argv) == (model, expected)
 

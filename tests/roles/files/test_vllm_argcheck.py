@@ -66,3 +66,74 @@ def test_argcheck_names_the_unknown_flag(argcheck_run) -> None:
 def test_argcheck_exits_nonzero_when_any_argv_fails(argcheck_run) -> None:
     returncode, _ = argcheck_run
     assert returncode == 1
+
+
+# --- the media allow-list: the planned flag as vLLM parses it, and what its MediaConnector then fetches --------
+
+MEDIA_JUDGE = r"""
+import json, os, sys
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+sys.path.insert(0, sys.argv[1])
+from urllib3.util import parse_url
+from vllm_argcheck import build_serve_parser, check_argv, normalize_argv
+from vllm.multimodal.media.connector import MediaConnector
+parser, serve = build_serve_parser()
+out = []
+for argv, urls in json.load(sys.stdin):
+    error = check_argv(parser, serve, argv)
+    domains = parser.parse_args(normalize_argv(argv)).allowed_media_domains
+    connector = MediaConnector(allowed_media_domains=domains)
+    verdicts = {}
+    for url in urls:
+        try:
+            connector._assert_url_in_allowed_media_domains(parse_url(url))  # what load_from_url asks first
+            verdicts[url] = "fetched"
+        except ValueError:
+            verdicts[url] = "refused"
+    out.append({"error": error, "domains": domains, "verdicts": verdicts})
+print(json.dumps(out))
+"""
+METADATA_URL = "http://169.254.169.254/computeMetadata/v1/instance/service-accounts/default/token"
+
+
+def test_planned_media_allow_list_is_vllms_own(vllm_python: Path, tmp_path: Path) -> None:
+    from gemmaserve.plan import NO_MEDIA_DOMAIN, plan
+    from gemmaserve.spec import parse_spec
+
+    def argv(**workload) -> list[str]:
+        # No chat template: its installed path does not exist here, and vLLM's validation reads it.
+        data = {"tool_calling": False, "reasoning": False, **workload}
+        return (
+            plan(parse_spec({"model": "31b", "accelerator": {"kind": "h200", "count": 1}, "workload": data}))
+            .replicas[0]
+            .argv
+        )
+
+    urls = [
+        METADATA_URL,
+        "https://images.example.com/a.png",
+        "https://IMAGES.example.com/b.png",
+        "https://evil.example/c",
+    ]
+    cases = [(argv(), urls), (argv(allowed_media_domains=["images.example.com", "cdn.example"]), urls)]
+    judge = tmp_path / "media_judge.py"
+    judge.write_text(MEDIA_JUDGE)
+    proc = subprocess.run(
+        [str(vllm_python), str(judge), str(ARGCHECK.parent)],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    default, listed = json.loads(proc.stdout.splitlines()[-1])
+    assert default["error"] is None and listed["error"] is None, (default, listed)
+    assert default["domains"] == [NO_MEDIA_DOMAIN]
+    assert set(default["verdicts"].values()) == {"refused"}, default
+    assert listed["domains"] == ["images.example.com", "cdn.example"]
+    assert listed["verdicts"] == {
+        METADATA_URL: "refused",
+        "https://images.example.com/a.png": "fetched",
+        "https://IMAGES.example.com/b.png": "fetched",  # urllib3 lower-cases the host before vLLM compares
+        "https://evil.example/c": "refused",
+    }
