@@ -130,3 +130,51 @@ def test_a_weak_key_on_stdin_is_refused_without_echoing_it(key):
     assert result.exit_code == 2, result.output
     assert "--key-stdin: " in result.output and "allowed" in result.output and "128 bits" in result.output
     assert key not in result.output
+
+
+def _stack_with_valid_until(d: Path) -> None:
+    document = yaml.safe_load((REPO / "Pulumi.tpu-v6e4.yaml").read_text())
+    document["config"]["gemmaserve:cloud"]["valid_until"] = "99999999999d"
+    (d / "Pulumi.x.yaml").write_text(yaml.safe_dump(document))
+
+
+# Each case of issue 26's item 9, run as the operator runs it: a process, typer's own exception handling, no
+# test runner in between. (make, args with {dir} for a stack directory the case makes, what the error names)
+AS_A_PROCESS = {
+    "cloud.valid_until": (_stack_with_valid_until, ["capacity", "status", "--stack", "x"], "cloud.valid_until = "),
+    "wait --timeout": (None, ["capacity", "wait", "--timeout", "99999999999d"], "--timeout = '99999999999d': "),
+    "watch --interval 0s": (None, ["capacity", "watch", "--interval", "0s"], "--interval = '0s': "),
+    **{
+        f"--available-kv-gib {v}": (None, ["plan", "--model", "e2b", "--accelerator", "l4", "--available-kv-gib", v], "--available-kv-gib = ")
+        for v in ("nan", "inf", "1e308")
+    },
+    "symlinked stack file": (
+        lambda d: (d / "Pulumi.x.yaml").symlink_to("/etc/hostname"),
+        ["plan", "--stack", "x"],
+        "(a symlink to /etc/hostname)",
+    ),
+    "weak key on stdin": (None, ["keys", "add", "ci", "--key-stdin"], "--key-stdin: "),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(AS_A_PROCESS))
+def test_each_bad_input_as_a_process_is_one_clean_error(tmp_path, case):
+    make, args, named = AS_A_PROCESS[case]
+    if make is not None:
+        make(tmp_path)
+        args = [*args, "--project-dir", str(tmp_path)]
+    elif "--model" not in args:
+        args = [*args, "--stack", "gpu8" if args[0] == "keys" else "tpu-v6e4", "--project-dir", str(REPO)]
+    weak = "a" * 40
+    result = subprocess.run(
+        [sys.executable, "-m", "gemmaserve", *args],
+        input=weak + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "NO_GCE_CHECK": "true", "COLUMNS": "200"},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "Traceback" not in output and weak not in output, output
+    assert named in output and "allowed" in output, output
