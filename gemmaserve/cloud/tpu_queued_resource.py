@@ -17,7 +17,8 @@ document) and runs the lifecycle an SRE expects:
   to the shape of a slice that holds capacity replaces it;
 - delete fails loudly unless the request is really gone, and waits until it and its node are;
 - with `data_disk`, the node's data disk (weights, image, caches) is made in the zone just before the
-  request there and deleted with the request, or as soon as that zone refused it.
+  request there and deleted with the request, or as soon as that zone refused it; one an interrupted
+  run left in a zone without a request is deleted by the next create or re-queue.
 
 `decide` is the one place those rules live; `gemmaserve capacity` shows its verdict and acts only by
 running the stack (so the re-queue goes through this same code). The Google client is imported inside
@@ -526,7 +527,8 @@ class QueuedResourceProvider(ResourceProvider):
                 self.sleep(self.poll_seconds)
 
     def _adopt(self, api: TpuApi, props: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
-        """A request of this name an interrupted run left in any zone: adopt the live one, delete dead ones.
+        """A request of this name an interrupted run left in any zone: adopt the live one, delete dead ones,
+        and the data disks of zones that hold no request.
 
         Returns the adopted request's outputs, or None and where in the chain to start queueing: after
         a leftover that FAILED (that candidate was just tried), else at the top.
@@ -538,6 +540,7 @@ class QueuedResourceProvider(ResourceProvider):
             except ApiError as error:
                 if error.status != "NOT_FOUND":
                     raise
+                self._drop_leftover_disk(api, props, zone)
         live = [(zone, q) for zone, q in found if state_of(q) not in DEAD]
         start, chain = 0, candidates(props)
         for zone, q in found:
@@ -704,6 +707,18 @@ class QueuedResourceProvider(ResourceProvider):
         except ApiError as error:
             if error.status != "NOT_FOUND":
                 raise
+
+    def _drop_leftover_disk(self, api: TpuApi, props: dict[str, Any], zone: str) -> None:
+        """In a zone that holds no request of this name, a data disk is a leftover of a run that deleted its
+        request and failed before the disk: it bills by the GB and no state holds it, so it goes."""
+        if not props.get("data_disk"):
+            return
+        try:
+            api.get_disk(props["project"], zone, data_disk_name(props))
+        except Exception:  # noqa: BLE001 - NOT_FOUND (nothing left over) or unreadable: leave it be
+            return
+        self._say(f"{props['queued_resource_id']}: deleting a leftover {data_disk_path(props, zone)}")
+        self._drop_disk_quietly(api, props, zone)
 
     def _drop_disk_quietly(self, api: TpuApi, props: dict[str, Any], zone: str) -> None:
         try:

@@ -814,6 +814,29 @@ def test_a_requeue_into_another_zone_moves_the_data_disk_with_it():
     assert list(fake.disks) == [disk_path(ZONES[1])]
 
 
+def test_a_data_disk_an_interrupted_requeue_left_behind_is_deleted_by_the_next_up():
+    """The requeue deleted the request, then failed before its disk (a read timing out while it waited for
+    the node to go); the next `up --refresh` finds the request gone and creates in another zone: the disk
+    goes then (found by the capacity soak with data disks, tests/ops/test_capacity.py)."""
+    fake = FakeTpu()
+    p = props(data_disk=DATA_DISK, provisioning="spot")
+    fake.zones[ZONES[0]] = Zone(refuse_create=exhausted([STOCKOUT]))
+    capacity(fake, ZONES[1])
+    state = provider(fake).create(p).outs
+    assert state["zone"] == ZONES[1] and list(fake.disks) == [disk_path(ZONES[1])]
+    fake.preempt(qr_name(ZONES[1]))
+    capacity(fake, ZONES[0], at=fake.clock())
+    fake.faults["get"] = [None, None, TimeoutError("The read operation timed out")]
+    with pytest.raises(TimeoutError):
+        provider(fake).update(QR_ID, state, p)
+    fake.clock.advance(fake.delete_seconds)
+    assert fake.live() == [] and list(fake.disks) == [disk_path(ZONES[1])]
+    assert provider(fake).read(QR_ID, state).id == ""  # the refresh drops it; up creates
+    created = provider(fake).create(p).outs
+    assert (created["zone"], created["state"]) == (ZONES[0], "ACTIVE")
+    assert list(fake.disks) == [disk_path(ZONES[0])]
+
+
 def test_a_data_disk_change_of_an_active_slice_is_a_replacement():
     fake = FakeTpu()
     p = props(data_disk=DATA_DISK)

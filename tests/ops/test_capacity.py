@@ -20,6 +20,7 @@ from gemmaserve.ops import capacity
 from gemmaserve.ops.cli import app
 from tests.infra.fake_tpu import EPOCH, FakeTpu, Zone, service_disabled
 from tests.infra.test_tpu_queued_resource import (
+    DATA_DISK,
     HOUR,
     PROJECT,
     QR_ID,
@@ -227,7 +228,7 @@ LIVE_VM = "gs-soak-gpu-0"
 
 
 class Soak:
-    """One stack (a spot TPU slice and a spot GPU VM) watched for `passes` passes while a seeded RNG breaks
+    """One stack (a spot TPU slice with its data disk, and a spot GPU VM) watched for `passes` passes while a seeded RNG breaks
     things between them: the faults of issue 25's review (creates accepted and then failing for the caller,
     transport errors on create, get and delete, a re-queue whose create fails after acceptance, preemption,
     queues expiring, SERVICE_DISABLED, quota and capacity RESOURCE_EXHAUSTED), then a calm tail in which
@@ -255,7 +256,9 @@ class Soak:
     def __init__(self, seed: int, passes: int = 100, calm: int = 12, interval: float = 600):
         self.rng = random.Random(seed)
         self.passes, self.calm, self.interval = passes, calm, interval
-        self.world = World(provisioning="spot", valid_until_seconds=int(1.5 * HOUR), create_wait_seconds=120)
+        self.world = World(
+            provisioning="spot", valid_until_seconds=int(1.5 * HOUR), create_wait_seconds=120, data_disk=DATA_DISK
+        )
         self.messages: list[str] = []
         self.world.stack.provider.progress = self.messages.append
         for zone in ZONES:
@@ -424,6 +427,11 @@ class Soak:
 SEEDS = [1, 2, 3, 4, 5]
 
 
+def slice_zone(soak: Soak) -> str:
+    (name,) = soak.held()
+    return name.split("/")[3]
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_watch_through_faults_never_orphans_a_request_nor_replaces_a_running_slice(seed):
     soak = Soak(seed)
@@ -435,6 +443,8 @@ def test_watch_through_faults_never_orphans_a_request_nor_replaces_a_running_sli
     assert sorted((r.kind, r.state) for r in rows) == [("tpu", "ACTIVE"), ("vm", "RUNNING")], rows
     assert all(not r.stale and not r.needs_up for r in rows)
     assert soak.held() == soak.tracked()
+    # No data disk left where no request is: one disk, in the slice's zone.
+    assert [path.split("/")[3] for path in world.tpu.disks] == [slice_zone(soak)]
     (slice_,) = [r for r in rows if r.kind == "tpu"]
     hosts = {h["name"]: h["internal_ip"] for h in world.stack.resources()[0]["outputs"]["hosts"]}
     assert slice_.address in hosts.values()
