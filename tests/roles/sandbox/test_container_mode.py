@@ -336,11 +336,11 @@ def test_podman_gives_each_gpu8_replica_its_own_gpus(two_replicas, sandbox_host,
 def run_unit_command(sandbox_host, serving, replica, image: str, shell: str):
     """Replica `replica`'s ExecStart, expanded by systemd from its env file exactly as vllm@N.service will,
     with `/bin/sh -c shell` in the image instead of `vllm serve`: what the container gets."""
-    exec_start = next(
-        line.removeprefix("ExecStart=+")
-        for line in render(TEMPLATES / "vllm@.service.j2", **unit_context(serving)).splitlines()
-        if line.startswith("ExecStart=")
-    )
+    unit = render(TEMPLATES / "vllm@.service.j2", **unit_context(serving)).splitlines()
+    exec_start = next(line.removeprefix("ExecStart=+") for line in unit if line.startswith("ExecStart="))
+    # The unit's resource limits too: podman passes them on, and cannot raise them itself (in a sandbox host root
+    # holds no CAP_SYS_RESOURCE; on a TPU VM it would, so a missing limit would go unnoticed there).
+    limits = " ".join(f"-p {shlex.quote(line)}" for line in unit if line.startswith(("LimitNOFILE=", "LimitMEMLOCK=")))
     name = f"probe{replica.index}"
     probe = exec_start.replace("%i", name).replace(
         f"{image} serve $VLLM_ARGS", f"--entrypoint=/bin/sh {image} -c {shlex.quote(shell)}"
@@ -353,7 +353,7 @@ def run_unit_command(sandbox_host, serving, replica, image: str, shell: str):
         # Quoted for the shell: systemd, not bash, expands $VLLM_ARGS, ${CREDENTIALS_DIRECTORY} and the devices.
         return sandbox_host.run(
             f"timeout 120 systemd-run --wait --pipe --quiet --collect -p EnvironmentFile={env_file} "
-            f"-p LoadCredential=hf-token:/etc/gemmaserve/hf-token -p User=root {shlex.join(shlex.split(probe))}"
+            f"-p LoadCredential=hf-token:/etc/gemmaserve/hf-token -p User=root {limits} {shlex.join(shlex.split(probe))}"
         )
     finally:
         sandbox_host.run(f"rm -f {env_file} {container_env}")

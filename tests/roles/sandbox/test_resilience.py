@@ -310,7 +310,6 @@ def test_sigkilled_replica_fails_no_request_sent_after_the_kill_and_is_restarted
     assert pid
     with Load(sandbox_endpoint(host), serving.model.hf_id, limit=60, seconds=240) as load:
         wait_until(lambda: load.ok >= 5, 60, "the load to start")
-        killed = time.monotonic()
         assert sandbox_host.run(f"kill -KILL {pid}").rc == 0
         # The kill has landed once the ssh command returns: a request sent while it ran may have reached vLLM.
         landed = time.monotonic()
@@ -323,7 +322,8 @@ def test_sigkilled_replica_fails_no_request_sent_after_the_kill_and_is_restarted
     if after:  # HAProxy's view of each failed request (termination state, retries) for the report
         print(sandbox_host.run("journalctl -u haproxy -n 120 --no-pager -o cat").stdout)
     assert after == []
-    assert load.failed_sent_before(killed) <= load.threads, load.failures
+    # Each client has one request in flight at a time: at most that many were held by the replica when it died.
+    assert len(load.failures) <= load.threads, load.failures
     wait_until(
         lambda: int(sandbox_host.run("systemctl show -p NRestarts --value vllm@0").stdout.strip()) > before,
         60,
