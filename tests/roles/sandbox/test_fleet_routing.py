@@ -1,0 +1,208 @@
+"""Two fresh sandbox hosts deployed together as one fleet (host data gemmaserve_fleet): whichever host's endpoint a
+conversation enters by, its turns reach one host's vLLM replica, whose prefix cache serves the later turns."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import time
+
+import pytest
+
+from gemmaserve.ops import fleet as pyinfra_fleet
+from gemmaserve.ops.status import metric_sums
+from gemmaserve.plan import fleet_peer_port, plan
+from gemmaserve.sandbox import state
+from gemmaserve.sandbox.network import NFT_TABLE
+from gemmaserve.sandbox.profile import OVERRIDE_ENV, sandbox_host_data
+from gemmaserve.sources import spec_from_host_data
+from tests.sandbox_fixtures import bring_up, sandbox_endpoint, wait_until
+
+pytestmark = pytest.mark.sandbox
+
+FLEET = "fleet-routing-test"
+# The hosts of this test only, with the fleet's host data (the sandbox's inventory, hosts/sandbox.py, gives every
+# host the same override data: a fleet needs each host's own address).
+INVENTORY = """
+from hosts.sandbox import sandbox as _every
+
+fleet = [
+    (name, {{**data, "gemmaserve_fleet": {fleet!r}, "gemmaserve_private_address": data["ssh_hostname"]}})
+    for name, data in _every
+    if name in {names!r}
+]
+"""
+# A system prompt of a few hundred tokens (more than one of the CPU backend's 128-token KV blocks), under the
+# sandbox profile's max_model_len of 1,024 with four turns.
+SYSTEM = " ".join(f"Rule {n}: answer the fleet routing test briefly and never mention rule {n + 1}." for n in range(10))
+
+
+@contextlib.contextmanager
+def peer_port_open_between(hosts: list[state.Host], port: int):
+    """The sandbox keeps its hosts apart (gemmaserve/sandbox/network.py drops whatever is forwarded into a host's
+    veth). For this test only, let these hosts reach each other on `port`, and the answers back; removed after."""
+    veths = ", ".join(f'"{host.veth}"' for host in hosts)
+    rules = [
+        f"iifname {{ {veths} }} oifname {{ {veths} }} ct state established,related accept",
+        f"iifname {{ {veths} }} oifname {{ {veths} }} tcp dport {port} accept",
+    ]
+    handles = []
+    try:
+        for rule in rules:
+            added = subprocess.run(
+                ["nft", "--echo", "--handle", "insert", "rule", "ip", NFT_TABLE, "forward", rule],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            handles.append(re.search(r"# handle (\d+)", added.stdout).group(1))
+        yield
+    finally:
+        for handle in handles:
+            subprocess.run(["nft", "delete", "rule", "ip", NFT_TABLE, "forward", "handle", handle], check=False)
+
+
+def ssh(host: state.Host, command: str) -> str:
+    result = subprocess.run(
+        [
+            "ssh",
+            "-i",
+            str(state.SSH_KEY),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            f"{state.SSH_USER}@{host.address}",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def ring_up(host: state.Host) -> bool:
+    """Both hosts UP in this host's backend fleet (read with the router's own haproxy_admin)."""
+    script = "import sys; sys.path.insert(0, '/opt/gemmaserve/lib'); import haproxy_admin; print(haproxy_admin.backend_status('fleet'))"
+    states = ssh(host, f'python3 -c "{script}"')
+    return states.count("'UP") == 2
+
+
+def counters(host: state.Host, port: int) -> dict[str, float]:
+    sums = metric_sums(ssh(host, f"curl -fsS -m 10 http://127.0.0.1:{port}/metrics"))
+    return {
+        "requests": sums.get("vllm:request_success_total", 0.0),
+        "hits": sums.get("vllm:prefix_cache_hits_total", 0.0),
+    }
+
+
+def served_since(hosts: list[state.Host], port: int, before: list[dict[str, float]], count: int) -> list[dict]:
+    """The hosts' counters once they show `count` more finished requests than `before` (vLLM counts a request in
+    its metrics as it finishes, which may come just after the answer)."""
+    deadline = time.monotonic() + 20
+    while True:
+        after = [counters(host, port) for host in hosts]
+        done = sum(a["requests"] - b["requests"] for a, b in zip(after, before, strict=True))
+        if done >= count or time.monotonic() > deadline:
+            return after
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def fleet_hosts(request, sandbox_ready, served_assets, tmp_path_factory):
+    up = bring_up(state.free_indices(2), request)
+    serving = plan(spec_from_host_data(sandbox_host_data())).require_ok()
+    inventory = tmp_path_factory.mktemp("fleet") / "fleet_inventory.py"
+    inventory.write_text(INVENTORY.format(fleet=FLEET, names=[host.name for host in up]))
+    with peer_port_open_between(up, fleet_peer_port(serving.router_port)):
+        result = pyinfra_fleet.run_pyinfra(
+            inventory, limit=[host.name for host in up], env={OVERRIDE_ENV: None}, timeout=1200
+        )
+        assert result.returncode == 0, result.output[-4000:]
+        try:
+            for host in up:
+                wait_until(lambda host=host: ring_up(host), 300, f"{host.name}'s ring of both hosts UP")
+        except AssertionError:
+            for host, other in ((up[0], up[1]), (up[1], up[0])):
+                script = (
+                    "import sys; sys.path.insert(0, '/opt/gemmaserve/lib'); import haproxy_admin; "
+                    "print(haproxy_admin.backend_status('fleet'), haproxy_admin.backend_status('vllm'))"
+                )
+                print(host.name, ssh(host, f'python3 -c "{script}"'))
+                print(
+                    host.name,
+                    "->",
+                    other.name,
+                    ssh(
+                        host,
+                        f"curl -sS -m 3 -o /dev/null -w '%{{http_code}}' http://{other.address}:8081/health || true",
+                    ),
+                )
+            raise
+        yield up, serving
+
+
+def test_each_conversation_reaches_one_hosts_replica_through_either_host(fleet_hosts):
+    hosts, serving = fleet_hosts
+    port = serving.replicas[0].port
+    endpoints = [sandbox_endpoint(host) for host in hosts]
+    owners = []
+    hits_after_first_turn = 0.0
+    for n in range(12):
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Conversation {n}: hello."}]
+        landed = []
+        for turn in range(4):
+            entry = endpoints[turn % 2]
+            before = [counters(host, port) for host in hosts]
+            status, text = entry.request(
+                "/v1/chat/completions", {"model": serving.model.hf_id, "messages": messages, "max_tokens": 4}
+            )
+            assert status == 200, text
+            after = served_since(hosts, port, before, 1)
+            served = [i for i in range(2) if after[i]["requests"] > before[i]["requests"]]
+            assert len(served) == 1, (before, after)
+            landed.append(served[0])
+            if turn:
+                hits_after_first_turn += after[served[0]]["hits"] - before[served[0]]["hits"]
+            messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"Turn {turn + 1}."}]
+        assert len(set(landed)) == 1, (n, landed)
+        owners.append(landed[0])
+    print(
+        f"fleet routing: conversations per host {[owners.count(i) for i in range(2)]}, "
+        f"prefix-cache hits on later turns {hits_after_first_turn:.0f} tokens"
+    )
+    # Both hosts own conversations (12 hashed over 2 hosts: all on one host once in 2,048 runs).
+    assert set(owners) == {0, 1}, owners
+    # Turns 2-4 entered by the other host half the time, and still found their prefix cached.
+    assert hits_after_first_turn > 0
+
+
+def test_a_host_without_replicas_hands_its_conversations_to_the_other(fleet_hosts):
+    hosts, serving = fleet_hosts
+    port = serving.replicas[0].port
+    unit = serving.replicas[0].unit
+    endpoint = sandbox_endpoint(hosts[0])
+    # Host 1's only replica stops (drained in its HAProxy first): host 1 answers 503 until host 0's checks see it.
+    ssh(hosts[1], f"systemctl stop {unit}")
+    before = [counters(hosts[0], port)]
+    try:
+        deadline = time.monotonic() + 60
+        failed = 0
+        sent = 0
+        while time.monotonic() < deadline and sent < 12:
+            status, _ = endpoint.request(
+                "/v1/chat/completions",
+                {"model": serving.model.hf_id, "messages": [{"role": "user", "content": f"q {sent}"}], "max_tokens": 2},
+            )
+            sent += 1
+            failed += status != 200
+        assert (sent, failed) == (12, 0)
+        after = served_since(hosts[:1], port, before, 12)
+        assert after[0]["requests"] - before[0]["requests"] == 12, (before, after)
+    finally:
+        ssh(hosts[1], f"systemctl start {unit}")
