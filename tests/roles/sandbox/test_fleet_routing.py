@@ -1,5 +1,8 @@
-"""Two fresh sandbox hosts deployed together as one fleet (host data gemmaserve_fleet): whichever host's endpoint a
-conversation enters by, its turns reach one host's vLLM replica, whose prefix cache serves the later turns."""
+"""Two sandbox hosts deployed together as one fleet (host data gemmaserve_fleet): whichever host's endpoint a
+conversation enters by, its turns reach one host's vLLM replica, whose prefix cache serves the later turns. The
+hosts are the session's two bucket hosts (tests/sandbox_fixtures.py): joining a fleet changes only their routers
+(a reload, no replica restarts), and afterwards each is deployed back on its own for the modules after this one;
+two hosts of its own cost this module about 200 s more."""
 
 from __future__ import annotations
 
@@ -12,12 +15,11 @@ import pytest
 
 from gemmaserve.ops import fleet as pyinfra_fleet
 from gemmaserve.ops.status import metric_sums
-from gemmaserve.plan import fleet_peer_port, plan
+from gemmaserve.plan import fleet_peer_port
 from gemmaserve.sandbox import state
 from gemmaserve.sandbox.network import NFT_TABLE
-from gemmaserve.sandbox.profile import OVERRIDE_ENV, sandbox_host_data
-from gemmaserve.sources import spec_from_host_data
-from tests.sandbox_fixtures import bring_up, sandbox_endpoint, wait_until
+from gemmaserve.sandbox.profile import OVERRIDE_ENV
+from tests.sandbox_fixtures import BucketHosts, deploy, sandbox_endpoint, wait_until
 
 pytestmark = pytest.mark.sandbox
 
@@ -28,7 +30,7 @@ INVENTORY = """
 from hosts.sandbox import sandbox as _every
 
 fleet = [
-    (name, {{**data, "gemmaserve_fleet": {fleet!r}, "gemmaserve_private_address": data["ssh_hostname"]}})
+    (name, {{**data, **{extra!r}, "gemmaserve_fleet": {fleet!r}, "gemmaserve_private_address": data["ssh_hostname"]}})
     for name, data in _every
     if name in {names!r}
 ]
@@ -114,16 +116,24 @@ def served_since(hosts: list[state.Host], port: int, before: list[dict[str, floa
 
 
 @pytest.fixture(scope="module")
-def fleet_hosts(request, sandbox_ready, served_assets, tmp_path_factory):
-    up = bring_up(state.free_indices(2), request)
-    serving = plan(spec_from_host_data(sandbox_host_data())).require_ok()
+def fleet_hosts(bucket_hosts: BucketHosts, tmp_path_factory):
+    up, serving = bucket_hosts.hosts, bucket_hosts.serving
     inventory = tmp_path_factory.mktemp("fleet") / "fleet_inventory.py"
-    inventory.write_text(INVENTORY.format(fleet=FLEET, names=[host.name for host in up]))
+    inventory.write_text(INVENTORY.format(fleet=FLEET, names=[host.name for host in up], extra=bucket_hosts.data))
     with peer_port_open_between(up, fleet_peer_port(serving.router_port)):
+        started = [
+            ssh(host, f"systemctl show -p ActiveEnterTimestampMonotonic --value {serving.replicas[0].unit}")
+            for host in up
+        ]
         result = pyinfra_fleet.run_pyinfra(
             inventory, limit=[host.name for host in up], env={OVERRIDE_ENV: None}, timeout=1200
         )
         assert result.returncode == 0, result.output[-4000:]
+        # Joining the fleet is a router change: no replica restarted.
+        assert started == [
+            ssh(host, f"systemctl show -p ActiveEnterTimestampMonotonic --value {serving.replicas[0].unit}")
+            for host in up
+        ]
         try:
             for host in up:
                 wait_until(lambda host=host: ring_up(host), 300, f"{host.name}'s ring of both hosts UP")
@@ -145,6 +155,10 @@ def fleet_hosts(request, sandbox_ready, served_assets, tmp_path_factory):
                 )
             raise
         yield up, serving
+    # Each host on its own again, as the bucket tests and serving_peer read them.
+    for host in up:
+        alone = deploy(host.name, bucket_hosts.data, tmp_path_factory.mktemp("alone"))
+        assert alone.returncode == 0, alone.output[-4000:]
 
 
 def test_each_conversation_reaches_one_hosts_replica_through_either_host(fleet_hosts):
