@@ -26,9 +26,9 @@ test: venv system-packages lint
 	$(PY) -m pytest -n 2
 
 # The fast tier (docs/testing.md, "Test tiers"): lint and every test needing no sandbox host, no vLLM CPU venv
-# and no network.
+# and no network, a test module at a time on each of two workers (most of its time is waiting on programs).
 check: venv lint
-	$(PY) -m pytest -m "not sandbox and not vllm and not network"
+	$(PY) -m pytest -n 2 --dist loadfile -m "not sandbox and not vllm and not network"
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -54,7 +54,10 @@ SANDBOX_WORKER_DIRS = ("tests/roles/sandbox/", "tests/sandbox/")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Two work units, not xdist's per-test or per-module ones: SANDBOX_WORKER_DIRS' tests and the rest."""
+    """Two work units, not xdist's per-test or per-module ones: SANDBOX_WORKER_DIRS' tests and the rest. Only for
+    `-n` without `--dist` (make test); another `--dist` (make check's loadfile: no sandbox tier) is xdist's own."""
+    if config.getoption("dist") != "load":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class TwoUnits(LoadScopeScheduling):

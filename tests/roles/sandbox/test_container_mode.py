@@ -35,7 +35,14 @@ from gemmaserve.sandbox.profile import container_engine_data, sandbox_host_data
 from gemmaserve.sources import load_stack_spec, spec_from_host_data
 from gemmaserve.spec import parse_spec
 from roles._lib.render import render
-from roles.replicas import TEMPLATES, argcheck_command, render_container_env, render_env, unit_context
+from roles.replicas import (
+    TEMPLATES,
+    argcheck_command,
+    container_flags,
+    render_container_env,
+    render_env,
+    unit_context,
+)
 from roles.vllm import CREDENTIAL_HELPER, CREDENTIAL_HELPER_NAME, registry_auth
 from tests.roles.sandbox.test_deploy import (  # noqa: F401 - fixtures and tests collected again here
     client,
@@ -333,17 +340,23 @@ def test_podman_gives_each_gpu8_replica_its_own_gpus(two_replicas, sandbox_host,
     assert "CUDA_VISIBLE_DEVICES=0,1" in result.stdout.splitlines()
 
 
-def run_unit_command(sandbox_host, serving, replica, image: str, shell: str):
+def run_unit_command(
+    sandbox_host, serving, replica, image: str, shell: str, ulimits: dict[str, str] | None = None, extra: str = ""
+):
     """Replica `replica`'s ExecStart, expanded by systemd from its env file exactly as vllm@N.service will,
-    with `/bin/sh -c shell` in the image instead of `vllm serve`: what the container gets."""
+    with `/bin/sh -c shell` in the image instead of `vllm serve`: what the container gets. `ulimits` replaces
+    the unit's `--ulimit=NAME=...` flags (by NAME) with values this host's root may set; `extra` flags go before
+    the image."""
     unit = render(TEMPLATES / "vllm@.service.j2", **unit_context(serving)).splitlines()
     exec_start = next(line.removeprefix("ExecStart=+") for line in unit if line.startswith("ExecStart="))
-    # The unit's resource limits too: podman passes them on, and cannot raise them itself (in a sandbox host root
-    # holds no CAP_SYS_RESOURCE; on a TPU VM it would, so a missing limit would go unnoticed there).
+    # The unit's resource limits too, as systemd sets them for podman.
     limits = " ".join(f"-p {shlex.quote(line)}" for line in unit if line.startswith(("LimitNOFILE=", "LimitMEMLOCK=")))
+    for flag, value in (ulimits or {}).items():
+        assert f"--ulimit={flag}=" in exec_start, (flag, exec_start)
+        exec_start = re.sub(rf"--ulimit={flag}=\S+", f"--ulimit={flag}={value}", exec_start)
     name = f"probe{replica.index}"
     probe = exec_start.replace("%i", name).replace(
-        f"{image} serve $VLLM_ARGS", f"--entrypoint=/bin/sh {image} -c {shlex.quote(shell)}"
+        f"{image} serve $VLLM_ARGS", f"{extra} --entrypoint=/bin/sh {image} -c {shlex.quote(shell)}"
     )
     env_file = f"/tmp/{name}.env"
     container_env = f"/etc/gemmaserve/replica-{name}.container.env"
@@ -405,10 +418,24 @@ def test_podman_runs_a_tpu_replicas_unit_command(two_replicas, sandbox_host, ser
         f"mkdir -p /dev/vfio; [ -e /dev/vfio/vfio ] || mknod -m 666 /dev/vfio/vfio c 10 196; {groups}"
     )
     assert made.rc == 0, made.stderr
+    # The unit locks memory without limit (the TPU runtime pins host buffers): --ulimit=memlock=-1:-1, which podman
+    # passes to crun with its defaults for open files and processes. A TPU VM's root may raise all three; a sandbox
+    # host's root may not raise its hard limits (no CAP_SYS_RESOURCE inside systemd-nspawn: crun's setrlimit
+    # fails), so the probe asks for this host's own hard limits instead, every other flag as the unit has it.
+    assert "--ulimit=memlock=-1:-1" in container_flags(serving)
+    limits = sandbox_host.file("/proc/1/limits").content_string
+    hard = {
+        name: re.search(rf"^{label}\s+\S+\s+(\S+)", limits, re.M).group(1).replace("unlimited", "-1")
+        for name, label in (("memlock", "Max locked memory"), ("nofile", "Max open files"), ("nproc", "Max processes"))
+    }
+    ulimits = {"memlock": f"{hard['memlock']}:{hard['memlock']}"}
+    probe_flags = " ".join(f"--ulimit={name}={hard[name]}:{hard[name]}" for name in ("nofile", "nproc"))
     marker = "gemmaserve-tpu-probe"
     sandbox_host.run(f"touch /dev/shm/{marker}")
     try:
-        result = run_unit_command(sandbox_host, serving, replica, served_image.reference, "ls /dev/shm; env")
+        result = run_unit_command(
+            sandbox_host, serving, replica, served_image.reference, "ls /dev/shm; env", ulimits, probe_flags
+        )
     finally:
         sandbox_host.run(f"rm -f /dev/shm/{marker}")
     assert result.rc == 0, result.stderr
