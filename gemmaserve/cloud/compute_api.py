@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gemmaserve.cloud.tpu_api import ApiError, api_error
+from gemmaserve.cloud.tpu_api import ApiError, api_error, discovery_service
 
 __all__ = ["ApiError", "ComputeApi", "GoogleComputeApi"]
 
@@ -17,17 +17,7 @@ class GoogleComputeApi:
     """instances.get, with the same credentials as the gcp provider (gcp_credentials.credentials_for)."""
 
     def __init__(self, credentials=None, endpoint: str | None = None):
-        from googleapiclient.discovery import build
-
-        options = {"api_endpoint": endpoint} if endpoint else None
-        self._instances = build(
-            "compute",
-            "v1",
-            credentials=credentials,
-            static_discovery=True,
-            cache_discovery=False,
-            client_options=options,
-        ).instances()
+        self._instances = discovery_service("compute", "v1", credentials, endpoint).instances()
 
     def get_instance(self, project: str, zone: str, name: str) -> dict:
         from googleapiclient.errors import HttpError

@@ -50,6 +50,21 @@ _STATUS = {
 }
 
 
+def discovery_service(api: str, version: str, credentials=None, endpoint: str | None = None):
+    """google-api-python-client's client for `api` `version`, built from the discovery document its wheel
+    ships (static_discovery, nothing fetched or cached); `endpoint` replaces the API's root."""
+    from googleapiclient.discovery import build
+
+    return build(
+        api,
+        version,
+        credentials=credentials,
+        static_discovery=True,
+        cache_discovery=False,
+        client_options={"api_endpoint": endpoint} if endpoint else None,
+    )
+
+
 def api_error(http_error) -> ApiError:
     """googleapiclient's HttpError -> ApiError with the google.rpc status the body carries."""
     code = int(getattr(http_error.resp, "status", 0) or 0)
@@ -78,29 +93,11 @@ class GoogleTpuApi:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ):
-        from googleapiclient.discovery import build
-
-        options = {"api_endpoint": endpoint} if endpoint else None
-        self._service = build(
-            "tpu",
-            "v2alpha1",
-            credentials=credentials,
-            static_discovery=True,
-            cache_discovery=False,
-            client_options=options,
-        )
+        self._service = discovery_service("tpu", "v2alpha1", credentials, endpoint)
         self._locations = self._service.projects().locations()
         # Compute's paths carry their own prefix (servicePath compute/v1/), which an endpoint override replaces.
         compute_endpoint = compute_endpoint or (endpoint.rstrip("/") + "/compute/v1/" if endpoint else None)
-        compute_options = {"api_endpoint": compute_endpoint} if compute_endpoint else None
-        self._compute = build(
-            "compute",
-            "v1",
-            credentials=credentials,
-            static_discovery=True,
-            cache_discovery=False,
-            client_options=compute_options,
-        )
+        self._compute = discovery_service("compute", "v1", credentials, compute_endpoint)
         self.operation_timeout, self.sleep, self.clock = operation_timeout, sleep, clock
 
     def _execute(self, request, retries: int = 0) -> dict[str, Any]:
