@@ -65,50 +65,27 @@ def peer_port_open_between(hosts: list[state.Host], port: int):
             subprocess.run(["nft", "delete", "rule", "ip", NFT_TABLE, "forward", "handle", handle], check=False)
 
 
-def ssh(host: state.Host, command: str) -> str:
-    result = subprocess.run(
-        [
-            "ssh",
-            "-i",
-            str(state.SSH_KEY),
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-            f"{state.SSH_USER}@{host.address}",
-            command,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def ring_up(host: state.Host) -> bool:
+def ring_up(remote) -> bool:
     """Both hosts UP in this host's backend fleet (read with the router's own haproxy_admin)."""
     script = "import sys; sys.path.insert(0, '/opt/gemmaserve/lib'); import haproxy_admin; print(haproxy_admin.backend_status('fleet'))"
-    states = ssh(host, f'python3 -c "{script}"')
+    states = remote.check_output(f'python3 -c "{script}"')
     return states.count("'UP") == 2
 
 
-def counters(host: state.Host, port: int) -> dict[str, float]:
-    sums = metric_sums(ssh(host, f"curl -fsS -m 10 http://127.0.0.1:{port}/metrics"))
+def counters(remote, port: int) -> dict[str, float]:
+    sums = metric_sums(remote.check_output(f"curl -fsS -m 10 http://127.0.0.1:{port}/metrics"))
     return {
         "requests": sums.get("vllm:request_success_total", 0.0),
         "hits": sums.get("vllm:prefix_cache_hits_total", 0.0),
     }
 
 
-def served_since(hosts: list[state.Host], port: int, before: list[dict[str, float]], count: int) -> list[dict]:
-    """The hosts' counters once they show `count` more finished requests than `before` (vLLM counts a request in
-    its metrics as it finishes, which may come just after the answer)."""
+def served_since(remotes: list, port: int, before: list[dict[str, float]], count: int) -> list[dict]:
+    """The hosts' counters (`remotes`: their testinfra hosts) once they show `count` more finished requests than
+    `before` (vLLM counts a request in its metrics as it finishes, which may come just after the answer)."""
     deadline = time.monotonic() + 20
     while True:
-        after = [counters(host, port) for host in hosts]
+        after = [counters(remote, port) for remote in remotes]
         done = sum(a["requests"] - b["requests"] for a, b in zip(after, before, strict=True))
         if done >= count or time.monotonic() > deadline:
             return after
@@ -117,13 +94,13 @@ def served_since(hosts: list[state.Host], port: int, before: list[dict[str, floa
 
 @pytest.fixture(scope="module")
 def fleet_hosts(bucket_hosts: BucketHosts, tmp_path_factory):
-    up, serving = bucket_hosts.hosts, bucket_hosts.serving
+    up, remotes, serving = bucket_hosts.hosts, bucket_hosts.remotes, bucket_hosts.serving
     inventory = tmp_path_factory.mktemp("fleet") / "fleet_inventory.py"
     inventory.write_text(INVENTORY.format(fleet=FLEET, names=[host.name for host in up], extra=bucket_hosts.data))
     with peer_port_open_between(up, fleet_peer_port(serving.router_port)):
         started = [
-            ssh(host, f"systemctl show -p ActiveEnterTimestampMonotonic --value {serving.replicas[0].unit}")
-            for host in up
+            remote.check_output(f"systemctl show -p ActiveEnterTimestampMonotonic --value {serving.replicas[0].unit}")
+            for remote in remotes
         ]
         result = pyinfra_fleet.run_pyinfra(
             inventory, limit=[host.name for host in up], env={OVERRIDE_ENV: None}, timeout=1200
@@ -131,40 +108,39 @@ def fleet_hosts(bucket_hosts: BucketHosts, tmp_path_factory):
         assert result.returncode == 0, result.output[-4000:]
         # Joining the fleet is a router change: no replica restarted.
         assert started == [
-            ssh(host, f"systemctl show -p ActiveEnterTimestampMonotonic --value {serving.replicas[0].unit}")
-            for host in up
+            remote.check_output(f"systemctl show -p ActiveEnterTimestampMonotonic --value {serving.replicas[0].unit}")
+            for remote in remotes
         ]
         try:
-            for host in up:
-                wait_until(lambda host=host: ring_up(host), 300, f"{host.name}'s ring of both hosts UP")
+            for host, remote in zip(up, remotes, strict=True):
+                wait_until(lambda remote=remote: ring_up(remote), 300, f"{host.name}'s ring of both hosts UP")
         except AssertionError:
-            for host, other in ((up[0], up[1]), (up[1], up[0])):
+            for host, remote, other in zip(up, remotes, reversed(up), strict=True):
                 script = (
                     "import sys; sys.path.insert(0, '/opt/gemmaserve/lib'); import haproxy_admin; "
                     "print(haproxy_admin.backend_status('fleet'), haproxy_admin.backend_status('vllm'))"
                 )
-                print(host.name, ssh(host, f'python3 -c "{script}"'))
+                print(host.name, remote.check_output(f'python3 -c "{script}"'))
                 print(
                     host.name,
                     "->",
                     other.name,
-                    ssh(
-                        host,
-                        f"curl -sS -m 3 -o /dev/null -w '%{{http_code}}' http://{other.address}:8081/health || true",
+                    remote.check_output(
+                        f"curl -sS -m 3 -o /dev/null -w '%{{http_code}}' http://{other.address}:8081/health || true"
                     ),
                 )
             raise
-        yield up, serving
+        yield bucket_hosts
     # Each host on its own again, as the bucket tests and serving_peer read them.
     for host in up:
         alone = deploy(host.name, bucket_hosts.data, tmp_path_factory.mktemp("alone"))
         assert alone.returncode == 0, alone.output[-4000:]
 
 
-def test_each_conversation_reaches_one_hosts_replica_through_either_host(fleet_hosts):
-    hosts, serving = fleet_hosts
+def test_each_conversation_reaches_one_hosts_replica_through_either_host(fleet_hosts: BucketHosts):
+    remotes, serving = fleet_hosts.remotes, fleet_hosts.serving
     port = serving.replicas[0].port
-    endpoints = [sandbox_endpoint(host) for host in hosts]
+    endpoints = [sandbox_endpoint(host) for host in fleet_hosts.hosts]
     owners = []
     hits_after_first_turn = 0.0
     for n in range(12):
@@ -172,12 +148,12 @@ def test_each_conversation_reaches_one_hosts_replica_through_either_host(fleet_h
         landed = []
         for turn in range(4):
             entry = endpoints[turn % 2]
-            before = [counters(host, port) for host in hosts]
+            before = [counters(remote, port) for remote in remotes]
             status, text = entry.request(
                 "/v1/chat/completions", {"model": serving.model.hf_id, "messages": messages, "max_tokens": 4}
             )
             assert status == 200, text
-            after = served_since(hosts, port, before, 1)
+            after = served_since(remotes, port, before, 1)
             served = [i for i in range(2) if after[i]["requests"] > before[i]["requests"]]
             assert len(served) == 1, (before, after)
             landed.append(served[0])
@@ -196,14 +172,14 @@ def test_each_conversation_reaches_one_hosts_replica_through_either_host(fleet_h
     assert hits_after_first_turn > 0
 
 
-def test_a_host_without_replicas_hands_its_conversations_to_the_other(fleet_hosts):
-    hosts, serving = fleet_hosts
+def test_a_host_without_replicas_hands_its_conversations_to_the_other(fleet_hosts: BucketHosts):
+    remotes, serving = fleet_hosts.remotes, fleet_hosts.serving
     port = serving.replicas[0].port
     unit = serving.replicas[0].unit
-    endpoint = sandbox_endpoint(hosts[0])
+    endpoint = sandbox_endpoint(fleet_hosts.hosts[0])
     # Host 1's only replica stops (drained in its HAProxy first): host 1 answers 503 until host 0's checks see it.
-    ssh(hosts[1], f"systemctl stop {unit}")
-    before = [counters(hosts[0], port)]
+    remotes[1].check_output(f"systemctl stop {unit}")
+    before = [counters(remotes[0], port)]
     try:
         deadline = time.monotonic() + 60
         failed = 0
@@ -216,7 +192,7 @@ def test_a_host_without_replicas_hands_its_conversations_to_the_other(fleet_host
             sent += 1
             failed += status != 200
         assert (sent, failed) == (12, 0)
-        after = served_since(hosts[:1], port, before, 12)
+        after = served_since(remotes[:1], port, before, 12)
         assert after[0]["requests"] - before[0]["requests"] == 12, (before, after)
     finally:
-        ssh(hosts[1], f"systemctl start {unit}")
+        remotes[1].check_output(f"systemctl start {unit}")
