@@ -184,24 +184,17 @@ class SandboxBucket:
 def bucket_emulator(served_assets: None) -> Iterator[SandboxBucket]:
     """The sandbox's bucket (fake-gcs-server on the sandbox network, gemmaserve/sandbox/bucket.py) holding
     the test model's mirror; stopped and its data removed at the end of the session."""
-    from gemmaserve.ops.weights import LocalSource, mirror, storage_client
-    from gemmaserve.plan import plan
+    from gemmaserve.ops.weights import storage_client
     from gemmaserve.sandbox import bucket
-    from gemmaserve.sandbox.profile import SANDBOX_BUCKET, TINY_MODEL_DIR, bucket_host_data, sandbox_host_data
-    from gemmaserve.sources import spec_from_host_data
+    from gemmaserve.sandbox.demo import mirror_test_model
 
     emulator = bucket.up()
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("STORAGE_EMULATOR_HOST", emulator.endpoint)
-            client = storage_client()
-            if client.lookup_bucket(SANDBOX_BUCKET) is None:
-                client.create_bucket(SANDBOX_BUCKET)
-            source = LocalSource(TINY_MODEL_DIR)
-            revision = source.resolve(None)
-            serving = plan(spec_from_host_data({**sandbox_host_data(), **bucket_host_data(revision)})).require_ok()
-            assert mirror(serving.weights, source, progress=lambda _: None).manifest_written
-        yield SandboxBucket(emulator, {**compiled_data(), **bucket_host_data(revision)})
+            data, mirrored = mirror_test_model(storage_client(), progress=lambda _: None)
+            assert mirrored.manifest_written
+        yield SandboxBucket(emulator, {**compiled_data(), **data})
     finally:
         bucket.down()
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -15,6 +16,9 @@ from gemmaserve.plan import Plan, plan
 from gemmaserve.sandbox.profile import TINY_MODEL_DIR, container_engine_data, sandbox_host_data
 from gemmaserve.sources import spec_from_host_data
 from roles._lib.programs import program_source
+
+if TYPE_CHECKING:
+    from gemmaserve.ops.weights import MirrorReport, Progress
 
 ENGINES = ("wheel", "container")
 DEMO_HOST = "sandbox-1"
@@ -105,27 +109,40 @@ def deploy(inventory: str = fleet.DEFAULT_INVENTORY, env: dict[str, str | None] 
     return _done(start, "deployed")
 
 
+def mirror_test_model(
+    client, model_dir: Path = TINY_MODEL_DIR, progress: Progress = print
+) -> tuple[dict, MirrorReport]:
+    """Mirror the test model (`model_dir`) into the sandbox's bucket through `client` (a google-cloud-storage
+    client), creating the bucket if missing; returns the host data that makes hosts pull it from there, and the
+    mirror's report."""
+    from gemmaserve.ops.weights import LocalSource, mirror
+    from gemmaserve.sandbox.profile import SANDBOX_BUCKET, bucket_host_data
+
+    if client.lookup_bucket(SANDBOX_BUCKET) is None:
+        client.create_bucket(SANDBOX_BUCKET)
+    source = LocalSource(model_dir)
+    data = bucket_host_data(source.resolve(None))
+    weights = plan(spec_from_host_data({**sandbox_host_data(), **data}, "sandbox")).weights
+    return data, mirror(weights, source, client=client, progress=progress)
+
+
 def mirror_into_sandbox_bucket() -> dict:
-    """Start the sandbox's bucket (a GCS API emulator), mirror the test model into it; returns the host data
-    that makes hosts pull it from there."""
+    """Start the sandbox's bucket (a GCS API emulator), point this process's google-cloud-storage clients at it
+    (STORAGE_EMULATOR_HOST) and mirror the test model into it; returns the host data that makes hosts pull it
+    from there."""
     import os
 
-    from gemmaserve.ops.weights import LocalSource, mirror, storage_client
+    from gemmaserve.ops.weights import storage_client
     from gemmaserve.sandbox import bucket
-    from gemmaserve.sandbox.profile import SANDBOX_BUCKET, bucket_host_data
+    from gemmaserve.sandbox.profile import SANDBOX_BUCKET
 
     start = _step("sandbox bucket: fake-gcs-server on the sandbox network")
     emulator = bucket.up(log=lambda message: console.print(f"    {message}"))
     os.environ.update(emulator.environ())
     client = storage_client()
-    if client.lookup_bucket(SANDBOX_BUCKET) is None:
-        client.create_bucket(SANDBOX_BUCKET)
     _done(start)
     start = _step(f"gemmaserve weights mirror: {TINY_MODEL_DIR} -> gs://{SANDBOX_BUCKET}")
-    source = LocalSource(TINY_MODEL_DIR)
-    data = bucket_host_data(source.resolve(None))
-    weights = plan(spec_from_host_data({**sandbox_host_data(), **data}, "sandbox")).weights
-    mirror(weights, source, client=client, progress=lambda line: console.print(f"    {line}"))
+    data, _ = mirror_test_model(client, progress=lambda line: console.print(f"    {line}"))
     _done(start)
     return data
 

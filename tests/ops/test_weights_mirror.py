@@ -80,3 +80,27 @@ def test_a_missing_bucket_is_a_clear_error(gcs_emulator, model_dir):
     source = LocalSource(model_dir)
     with pytest.raises(MirrorError, match="gs://no-such-bucket: no such bucket"):
         mirror(plan_for("no-such-bucket", source.resolve(None)), source, progress=lambda _: None)
+
+
+def test_the_sandbox_mirror_fills_the_bucket_its_host_data_names(gcs_emulator, model_dir):
+    """The demo's and the sandbox tests' mirror (gemmaserve.sandbox.demo): the host data it returns plans the
+    objects it wrote, a second run copies nothing, and it leaves the process environment alone."""
+    import os
+
+    from gemmaserve.ops.weights import storage_client
+    from gemmaserve.plan import plan
+    from gemmaserve.sandbox.demo import mirror_test_model
+    from gemmaserve.sandbox.profile import SANDBOX_BUCKET, sandbox_host_data
+    from gemmaserve.sources import spec_from_host_data
+
+    environ = dict(os.environ)
+    client = storage_client()
+    data, first = mirror_test_model(client, model_dir, progress=lambda _: None)
+    assert dict(os.environ) == environ
+    assert data["gemmaserve_weights"]["revision"] == LocalSource(model_dir).resolve(None) == first.revision
+    weights = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok().weights
+    assert first.manifest_written and first.uri == f"gs://{SANDBOX_BUCKET}/{weights.object_prefix}"
+    stored = {b.name for b in client.bucket(SANDBOX_BUCKET).list_blobs(prefix=weights.object_prefix)}
+    assert stored == {weights.object_prefix + p for p in first.copied} | {weights.manifest_object}
+    again_data, again = mirror_test_model(client, model_dir, progress=lambda _: None)
+    assert again_data == data and again.copied == [] and not again.manifest_written
