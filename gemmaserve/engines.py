@@ -7,8 +7,10 @@ tests/unit/test_engine_resolver.py; a pin that stops resolving fails CI, not a c
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 PYPI = "https://pypi.org/simple"
 # vLLM's ROCm wheels, one index per release and ROCm variant: https://wheels.vllm.ai/rocm/<version>/<variant>
@@ -55,6 +57,11 @@ class EnginePin:
     @property
     def requirement(self) -> str:
         return f"{self.package}=={self.vllm_version}{self.local_version}"
+
+    @property
+    def transformers_specifier(self) -> SpecifierSet:
+        low, high = self.transformers_range
+        return SpecifierSet(f">={low},<{high}")
 
 
 # vllm 0.32.0's wheel metadata: transformers>=5.16.1,<5.20.0 and torch==2.13.0 (CUDA 13.0 from PyPI:
@@ -134,13 +141,9 @@ def pin_for(vendor: str, vllm_version: str) -> EnginePin | None:
     return pin if pin.vllm_version == vllm_version else None
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])
-
-
 def transformers_allowed(pin: EnginePin, version: str) -> bool:
-    low, high = pin.transformers_range
-    return version_key(low) <= version_key(version) < version_key(high)
+    """Whether the pin's wheel metadata admits transformers `version` (a pre-release too, when a user pins one)."""
+    return pin.transformers_specifier.contains(Version(version), prereleases=True)
 
 
 def requirements(

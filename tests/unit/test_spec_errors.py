@@ -122,7 +122,13 @@ BAD = [
     (with_("engine.kind", "docker"), "engine.kind", "docker", "'wheel' or 'container'"),
     (with_("engine.vllm_version", "latest"), "engine.vllm_version", "latest", "exact release"),
     (with_("engine.vllm_version", ">=0.19"), "engine.vllm_version", ">=0.19", "exact release"),
+    # PEP 440 would normalise these; hosts get the text as written (vllm==..., image tag v...), so they are refused.
+    (with_("engine.vllm_version", "v0.32.0"), "engine.vllm_version", "v0.32.0", "exact release"),
+    (with_("engine.vllm_version", "0.32"), "engine.vllm_version", "0.32", "exact release"),
+    (with_("engine.vllm_version", "0.32.0+cu130"), "engine.vllm_version", "0.32.0+cu130", "exact release"),
     (with_("engine.vllm_version", "0.18.1"), "engine.vllm_version", "0.18.1", ">= 0.19.0"),
+    # A release candidate comes before its release: 0.19.0rc1 is not yet the release with Gemma 4.
+    (with_("engine.vllm_version", "0.19.0rc1"), "engine.vllm_version", "0.19.0rc1", ">= 0.19.0"),
     (with_("engine.transformers_version", "4.57.0"), "engine.transformers_version", "4.57.0", ">= 5.5.0"),
     # The pair a real resolver rejects (vllm 0.32.0's wheel metadata), refused before any host is touched.
     (
@@ -130,6 +136,13 @@ BAD = [
         "engine.transformers_version",
         "5.23.0",
         "vllm 0.32.0 requires transformers>=5.16.1,<5.20.0",
+    ),
+    # Compared as PEP 440 versions: a post-release of 5.16.0 is still below the range.
+    (
+        with_("engine.transformers_version", "5.16.0.post1"),
+        "engine.transformers_version",
+        "5.16.0.post1",
+        "requires transformers>=5.16.1,<5.20.0",
     ),
     (with_("engine.image", "vllm/vllm-openai:gemma4"), "engine.image", "gemma4", "version tag"),
     (with_("engine.image", "vllm/vllm-tpu:nightly"), "engine.image", "nightly", "@sha256"),

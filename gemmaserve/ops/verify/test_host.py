@@ -10,6 +10,7 @@ import json
 import re
 
 import pytest
+from packaging.version import Version
 from prometheus_client.parser import text_string_to_metric_families
 
 from gemmaserve.ops.endpoint import API_KEY_ENV, CITY_SCHEMA, WEATHER_TOOL, EndpointError, request, schema_problems
@@ -30,7 +31,7 @@ def test_accelerator_visible(target):
         from roles.nvidia import Settings as NvidiaSettings
 
         branch = NvidiaSettings.from_data(target.data, target.name).driver_branch
-        assert version.split(".")[0] == str(branch), version
+        assert Version(version).major == branch, version
     elif acc.vendor == "amd":
         found = len(re.findall(r"^GPU\[\d+\]", target.host.run("rocm-smi --showid").stdout, re.M)) or len(
             target.host.run("ls -d /sys/class/kfd/kfd/topology/nodes/*/gpu_id").stdout.split()
