@@ -1,4 +1,5 @@
 """The generated blocks of docs/: every table of facts, rendered from the code between its page's markers.
+Run from the project directory (the checkout: its docs/ and Pulumi.*.yaml).
 
 python -m gemmaserve.ops.docs            # print every generated block
 python -m gemmaserve.ops.docs --write    # write them into their pages
@@ -12,7 +13,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
 COMMAND = "python -m gemmaserve.ops.docs --write"
 TEST = "tests/ops/test_docs.py"
 
@@ -81,7 +81,7 @@ def replaced(text: str, block: Block, generated: str) -> str:
     return f"{text[:line_start]}{block.begin}\n{generated}{text[end:]}"
 
 
-def write(root: Path = ROOT, blocks: Iterable[Block] = BLOCKS) -> list[str]:
+def write(root: Path, blocks: Iterable[Block] = BLOCKS) -> list[str]:
     """Render every block into its page; the pages that changed. A page without a block's markers is refused
     before any page is written."""
     pages: dict[str, str] = {}
@@ -96,7 +96,7 @@ def write(root: Path = ROOT, blocks: Iterable[Block] = BLOCKS) -> list[str]:
     return changed
 
 
-def stale(root: Path = ROOT, blocks: Iterable[Block] = BLOCKS) -> list[str]:
+def stale(root: Path, blocks: Iterable[Block] = BLOCKS) -> list[str]:
     """The blocks whose page differs from the code, as `page: name`."""
     return [
         f"{block.page}: {block.name}"
@@ -106,18 +106,22 @@ def stale(root: Path = ROOT, blocks: Iterable[Block] = BLOCKS) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    root = Path.cwd()
+    if not all((root / page).is_file() for page in {block.page for block in BLOCKS}):
+        print(f"error: run from the project directory; {root} has no docs/ pages to generate", file=sys.stderr)
+        return 1
     try:
         if argv == ["--write"]:
-            changed = write()
+            changed = write(root)
             print("updated: " + ", ".join(changed) if changed else "every generated block is current")
         elif argv == ["--check"]:
-            differ = stale()
+            differ = stale(root)
             for entry in differ:
                 print(f"{entry}: differs from the code; run {COMMAND}", file=sys.stderr)
             return 1 if differ else 0
         elif not argv:
             for block in BLOCKS:
-                print(f"{block.begin}  ({block.page})\n{block.render(ROOT)}{block.end}\n")
+                print(f"{block.begin}  ({block.page})\n{block.render(root)}{block.end}\n")
         else:
             print(__doc__, file=sys.stderr)
             return 2

@@ -9,13 +9,11 @@ The store format is the host program's (roles/access/files/api_keys.py), read an
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import os
 import secrets
 import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +24,10 @@ from gemmaserve.ops import fleet
 from gemmaserve.plan import plan
 from gemmaserve.sources import load_stack_spec, read_stack_document, stack_file
 from gemmaserve.spec import SpecError
-from roles._lib.programs import program_source
+from roles._lib.programs import load_program
 
-# The access role's program, shipped in the wheel with the roles (package data), read where it is installed.
-PROGRAM = program_source("access", "api_keys.py")
-# Installed there by roles/access; the unit swaps the store into HAProxy's map.
+# The access role's program (store_format loads it from the installed roles package) where roles/access installs
+# it on hosts; the unit swaps the store into HAProxy's map.
 HOST_PROGRAM = "/opt/gemmaserve/lib/api_keys.py"
 SYNC_UNIT = "gemmaserve-api-keys.service"
 # Tests point the client at a local server speaking Secret Manager's REST API (no emulator exists).
@@ -43,13 +40,7 @@ class KeysError(Exception):
 
 def store_format() -> ModuleType:
     """roles/access/files/api_keys.py as a module: the one reader and writer of the key store format."""
-    name = "gemmaserve_api_keys_program"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, PROGRAM)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_program("access", "api_keys")
 
 
 # A key from standard input must be hard to guess: at least this many bits, estimated as its length times

@@ -339,15 +339,11 @@ MODEL_1G_DIR = Path("/var/lib/gemmaserve/models/gemma4-1g-test")
 
 def _bucket_read_mib_s(weights, log: Log) -> float:
     """What the bucket serves: the host puller's own parallel ranged reads, from the outer machine."""
-    import importlib.util
     import tempfile
 
-    from gemmaserve.ops.fleet import REPO
+    from roles._lib.programs import load_program
 
-    program = REPO / "roles" / "weights" / "files" / "weights_pull.py"
-    spec = importlib.util.spec_from_file_location("weights_pull_bench", program)
-    puller = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(puller)
+    puller = load_program("weights", "weights_pull")
     with tempfile.TemporaryDirectory(dir=rootfs.CACHE_DIR) as scratch:
         started = time.monotonic()
         result = puller.pull(puller.gcs_json.Bucket(weights.bucket), weights.object_prefix, Path(scratch) / "w")
@@ -435,17 +431,22 @@ def _backends_up(target, replicas: int) -> bool:
 
 
 def measure_routing(
-    workload: conversations.Workload = ROUTING_WORKLOAD, log: Log = print
+    workload: conversations.Workload = ROUTING_WORKLOAD, log: Log = print, vllm_router: bool = True
 ) -> list[conversations.PolicyRun]:
     """Both routing policies on one fresh host of two replicas, one after the other: deploy the policy (after
     the first deploy only HAProxy reloads), wait until both replicas are UP behind it, then run the workload
-    with conversations no run has sent before."""
+    with conversations no run has sent before. With `vllm_router`, then the same workload through vllm-router
+    (gemmaserve.sandbox.router_engines) under each of its policies, in front of the same replicas."""
+    from gemmaserve.ops.endpoint import Credentials, Endpoint
     from gemmaserve.ops.fleet import FleetHost
-    from gemmaserve.sandbox import credentials
+    from gemmaserve.sandbox import credentials, router_engines
     from gemmaserve.sandbox.demo import ensure_engine_and_model
     from gemmaserve.sandbox.profile import sandbox_host_data
 
     ensure_engine_and_model()
+    if vllm_router:
+        # Before the host boots: the venvs directory is bound into it.
+        router_engines.ensure_venv(log)
     [index] = state.free_indices(1)
     [host] = lifecycle.up_hosts([index], log=log)
     runs = []
@@ -475,6 +476,26 @@ def measure_routing(
             )
             reuse = "-" if run.reuse_of_ideal is None else f"{run.reuse_of_ideal:.0%}"
             log(f"{policy}: prefix reuse {reuse} of ideal, {run.completed} turns answered, {run.failed} failed")
+            runs.append(run)
+        for policy in router_engines.POLICIES if vllm_router else ():
+            name = f"vllm-router {router_engines.VERSION} {policy}"
+            url = router_engines.start(target, serving, host.address, policy, log)
+            try:
+                log(f"{name}: {workload.describe()}")
+                run = conversations.measure(
+                    Endpoint(url, Credentials()),
+                    serving.model.hf_id,
+                    workload,
+                    serving.replicas[0].capacity.block_size,
+                    partial(conversations.read_counters, target, serving, host.name),
+                    host=host.name,
+                    policy=f"vllm-router-{policy}",
+                    label=name,
+                )
+            finally:
+                router_engines.stop(target)
+            reuse = "-" if run.reuse_of_ideal is None else f"{run.reuse_of_ideal:.0%}"
+            log(f"{name}: prefix reuse {reuse} of ideal, {run.completed} turns answered, {run.failed} failed")
             runs.append(run)
     finally:
         lifecycle.down([host.name], log=log)

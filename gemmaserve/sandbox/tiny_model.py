@@ -167,15 +167,12 @@ def _build_in_vllm_venv(out: Path, size: str = "tiny") -> Path:
             f"building the tiny model needs torch and transformers; {python} does not exist "
             "(build it with `python3 roles/vllm/files/vllm_cpu.py build` or set GEMMASERVE_VLLM_PYTHON)"
         )
-    # Run as a module from the repository root, not as a script: a script's own directory goes first on
-    # sys.path, and this package's profile.py would shadow the standard library's `profile` module.
-    repo = Path(__file__).resolve().parents[2]
+    # This file alone (it imports only the standard library until it builds), run with -P: a script's own
+    # directory would go first on sys.path, and this package's profile.py would shadow the standard library's.
     subprocess.run(
-        [python, "-m", "gemmaserve.sandbox.tiny_model", str(out), size],
+        [python, "-P", str(Path(__file__).resolve()), str(out), size],
         check=True,
         stdout=subprocess.DEVNULL,  # the child prints the path; the caller reports it
-        cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(repo)},
     )
     return out
 

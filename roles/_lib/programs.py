@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from importlib.resources import files
 from pathlib import Path
+from types import ModuleType
 
-ROLES = Path(__file__).resolve().parents[1]
+# The installed `roles` package (a checkout or site-packages): its files/ folders ship as package data.
+ROLES = Path(str(files("roles")))
 LIB_DIR = "/opt/gemmaserve/lib"
 # Installed by the vllm role, run by the replicas role before any restart.
 ARGCHECK = f"{LIB_DIR}/vllm_argcheck.py"
@@ -22,6 +27,25 @@ def program_source(role: str, name: str) -> Path:
 
 def installed_path(name: str) -> str:
     return f"{LIB_DIR}/{name}"
+
+
+def load_program(role: str, name: str) -> ModuleType:
+    """roles/<role>/files/<name>.py imported on this machine as it runs on a host. There every program sits in
+    LIB_DIR, whose programs import the shared ones of roles/_lib/files by name (`import gcs_json`, the script's
+    own directory being first on sys.path); here those are loaded first under the same names, so nothing edits
+    sys.path. A shared program is its own module ("gcs_json"), any other one "gemmaserve_program_<name>"."""
+    for shared in sorted((ROLES / "_lib" / "files").glob("*.py")):
+        _load(shared.stem, shared)
+    return _load(name if role == "_lib" else f"gemmaserve_program_{name}", program_source(role, f"{name}.py"))
+
+
+def _load(module_name: str, path: Path) -> ModuleType:
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
 
 
 # Host data naming a GCS API emulator (the sandbox's bucket); unset in production, where hosts reach

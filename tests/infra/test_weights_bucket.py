@@ -10,8 +10,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from roles._lib.programs import load_program
 from tests.infra.conftest import PROJECT, run_program, stack_config
-from tests.roles.files.programs import load
 
 BUCKET = "gemmaserve-test-weights"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -118,7 +118,7 @@ def test_iam_bindings_match_the_policy_schema(run):
 def test_host_upload_body_matches_the_object_schema(bucket, tmp_path, monkeypatch):
     """What roles/_lib/files/gcs_json.py sends to start a resumable upload, captured as the compile cache saves one
     to a real GCS API emulator."""
-    compile_cache = load("caches", "compile_cache")
+    compile_cache = load_program("caches", "compile_cache")
     gcs_json = sys.modules["gcs_json"]
     sent, send = [], gcs_json.Bucket._open
 

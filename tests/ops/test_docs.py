@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from gemmaserve.ops import docs, stack_figures
+from tests import ROOT
 
-ROOT = docs.ROOT
 DEFAULT_STACKS = {"gpu8", "h100", "a100", "tpu-v6e4", "tpu-v6e1"}
 
 
@@ -31,6 +31,14 @@ def test_the_check_command_finds_every_block_current() -> None:
         [sys.executable, "-m", "gemmaserve.ops.docs", "--check"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_check_command_outside_the_project_says_where_to_run_it(tmp_path) -> None:
+    """The project is the working directory (as for pulumi), not wherever the package is installed."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gemmaserve.ops.docs", "--check"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 1 and "run from the project directory" in result.stderr, result.stderr
 
 
 def test_the_stack_table_has_a_row_per_stack_file() -> None:

@@ -22,13 +22,13 @@ import pytest
 import yaml
 
 from gemmaserve.ops.keys import key_digest
-from tests.roles.files.programs import load
+from roles._lib.programs import load_program
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "demo-project"
 # The stack file says `api-keys`; the stack creates it under its own prefix (stack_secret_name).
 SECRET = f"projects/{PROJECT}/secrets/gs-gpu8-api-keys"
-secret_fetch = load("_lib", "secret_fetch")
+secret_fetch = load_program("_lib", "secret_fetch")
 
 
 def discovery() -> dict:

@@ -81,7 +81,7 @@ def test_gemmaserve_keys_help_and_the_key_store_program_from_a_plain_install(ins
     assert all(command in result.stdout for command in ("add", "revoke", "list"))
     # What `keys add|revoke|list` read and write the store with: the access role's program, as package data.
     code = (
-        "from gemmaserve.ops import keys; store = keys.store_format(); print(keys.PROGRAM); "
+        "from gemmaserve.ops import keys; store = keys.store_format(); print(store.__file__); "
         "print(store.format_store(store.add_entry([], 'ci', keys.key_digest('k'), '2026-01-01T00:00:00Z')))"
     )
     result = run(bin_dir / "python", "-c", code, cwd=elsewhere, env=env)

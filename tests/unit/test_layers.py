@@ -20,14 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # gemmaserve.ops -> gemmaserve.sandbox imports left, each with its fix: none (the console script and
 # `python -m gemmaserve`, gemmaserve/__main__.py, plug sandbox.cli's commands into ops.cli's app).
 OPS_IMPORTS_OF_THE_SANDBOX: set[tuple[str, str]] = set()
-# Files that still edit sys.path, each with its fix.
-SYS_PATH_EDITS = {
-    # Host programs that import a shared one (gcs_json) when run from the repository, where it is not beside
-    # them as in /opt/gemmaserve/lib: tests/roles/files/programs.py and the sandbox's pull benchmark load them
-    # by path; one loader in roles/_lib/programs.py that makes roles/_lib/files importable removes both.
-    "roles/caches/files/compile_cache.py",
-    "roles/weights/files/weights_pull.py",
-}
+# Files that still edit sys.path, each with its fix: none (host programs import the shared ones beside them in
+# /opt/gemmaserve/lib, tests/roles/files/test_installed_layout.py; off hosts roles._lib.programs.load_program
+# loads those first under the same names).
+SYS_PATH_EDITS: set[str] = set()
 
 
 def python_files(*folders: str) -> list[Path]:

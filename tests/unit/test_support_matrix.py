@@ -13,8 +13,9 @@ from gemmaserve.ops import docs
 from roles import support_matrix
 from roles.nvidia import Settings as NvidiaSettings
 from roles.rocm import Settings as RocmSettings
+from tests import ROOT
 
-PAGE = docs.ROOT / "docs" / "support-matrix.md"
+PAGE = ROOT / "docs" / "support-matrix.md"
 
 
 def test_the_pages_matrix_is_the_code() -> None:

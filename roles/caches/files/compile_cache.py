@@ -35,11 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-try:
-    import gcs_json
-except ImportError:  # run from the repository: the shared client sits in roles/_lib/files
-    sys.path.append(str(Path(__file__).resolve().parents[2] / "_lib" / "files"))
-    import gcs_json
+import gcs_json  # installed beside this program (roles/_lib/files/gcs_json.py)
 
 SHM_ROOT = Path("/dev/shm/gemmaserve")
 DISK_ROOT = Path("/var/lib/gemmaserve/compile-cache")

@@ -27,11 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-try:
-    import gcs_json
-except ImportError:  # run from the repository: the shared client sits in roles/_lib/files
-    sys.path.append(str(Path(__file__).resolve().parents[2] / "_lib" / "files"))
-    import gcs_json
+import gcs_json  # installed beside this program (roles/_lib/files/gcs_json.py)
 
 MANIFEST = "gemmaserve-manifest.json"
 COMPLETE = ".gemmaserve-complete"

@@ -12,11 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gemmaserve.sandbox.credentials import key_digest, new_api_key
-from roles._lib.programs import program_source
-from tests.roles.files.programs import load
+from roles._lib.programs import load_program, program_source
 
-api_keys = load("access", "api_keys")
-secret_fetch = load("_lib", "secret_fetch")
+api_keys = load_program("access", "api_keys")
+secret_fetch = load_program("_lib", "secret_fetch")
 FETCHER = program_source("_lib", "secret_fetch.py")
 KEY = "gsk-" + "k" * 43
 

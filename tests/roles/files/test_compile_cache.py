@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from tests.roles.files.programs import load
+from roles._lib.programs import load_program
 
-compile_cache = load("caches", "compile_cache")
+compile_cache = load_program("caches", "compile_cache")
 
 
 def fill(path, name, size):

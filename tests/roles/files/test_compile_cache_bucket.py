@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.roles.files.programs import load
+from roles._lib.programs import load_program
 
-compile_cache = load("caches", "compile_cache")
+compile_cache = load_program("caches", "compile_cache")
 gcs_json = __import__("gcs_json")
 
 

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from roles._lib.programs import program_source
-from tests.roles.files.programs import load
+from roles._lib.programs import load_program, program_source
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
 SMI_Q = (RECORDED / "h100_hgx_nvidia_smi_q.txt").read_text()
-preflight = load("nvidia", "gpu_preflight")
+preflight = load_program("nvidia", "gpu_preflight")
 DRIVER = "565.57.01"
 
 

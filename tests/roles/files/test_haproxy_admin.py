@@ -5,9 +5,9 @@ import threading
 
 import pytest
 
-from tests.roles.files.programs import load
+from roles._lib.programs import load_program
 
-haproxy_admin = load("router", "haproxy_admin")
+haproxy_admin = load_program("router", "haproxy_admin")
 
 HEADER = "# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status\n"
 

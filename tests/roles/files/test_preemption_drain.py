@@ -10,14 +10,13 @@ import urllib.request
 
 import pytest
 
-from roles._lib.programs import program_source
+from roles._lib.programs import load_program, program_source
 from tests.roles.fake_metadata import serve
-from tests.roles.files.programs import load
 from tests.roles.files.test_haproxy_admin import FakeHaproxy
 
 SCRIPT = program_source("preemption", "preemption_drain.py")
 ADMIN = program_source("router", "haproxy_admin.py")
-drain = load("preemption", "preemption_drain")
+drain = load_program("preemption", "preemption_drain")
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from tests.roles.files.programs import load
+from roles._lib.programs import load_program
 
-replica_ready = load("replicas", "replica_ready")
+replica_ready = load_program("replicas", "replica_ready")
 
 
 class Health(BaseHTTPRequestHandler):

@@ -11,14 +11,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from roles._lib.programs import program_source
-from tests.roles.files.programs import load
+from roles._lib.programs import load_program, program_source
 
 SCRIPT = program_source("_lib", "secret_fetch.py")
 TOKEN = "hf_TESTtokenNeverReal0123456789"
 
 
-secret_fetch = load("_lib", "secret_fetch")
+secret_fetch = load_program("_lib", "secret_fetch")
 
 
 class FakeGoogle(BaseHTTPRequestHandler):

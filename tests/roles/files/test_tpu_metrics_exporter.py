@@ -20,13 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from tpu_info.proto import tpu_metric_service_pb2 as tpu_metrics
 from tpu_info.proto import tpu_metric_service_pb2_grpc as tpu_metrics_grpc
 
-from roles._lib.programs import program_source
+from roles._lib.programs import load_program, program_source
 from roles.monitoring import Settings
 from roles.monitoring.tpu import TPU_INFO_REQUIREMENTS
 
-from .programs import load
-
-exporter = load("monitoring", "tpu_metrics_exporter")
+exporter = load_program("monitoring", "tpu_metrics_exporter")
 
 GIB = 1024**3
 # A v6e-4 serving vLLM: 31.25 GiB usable HBM per chip, most of it reserved up front (tpu-info's README shows

@@ -6,9 +6,9 @@ import pytest
 
 from gemmaserve.ops.weights import LocalSource, mirror
 from gemmaserve.plan import WeightsPlan
-from tests.roles.files.programs import load
+from roles._lib.programs import load_program
 
-weights_pull = load("weights", "weights_pull")
+weights_pull = load_program("weights", "weights_pull")
 gcs_json = __import__("gcs_json")  # the shared client the puller imported beside itself
 
 
