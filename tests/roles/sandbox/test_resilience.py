@@ -298,39 +298,57 @@ def test_token_file_on_disk_is_root_only(two_replicas, sandbox_host):
 # --- failures under load ------------------------------------------------------------------------
 
 
+def kill_and_wait_for_refusal(sandbox_host, pid: str, port: int) -> None:
+    """SIGKILL `pid` and return once the replica's port refuses connections. kill(2) returns before the process
+    is gone, and the listening socket outlives the server process: vLLM binds it before it forks its engine core
+    (fork is vLLM's default start method), so the engine core and its worker hold it too until the kernel has
+    torn them down (under podman, catatonit's exit kills the container's pid namespace; tearing down a process
+    frees its memory before it closes its files). Until then the kernel completes connections on that port that
+    nothing will ever answer; HAProxy cannot tell such a request from one vLLM took, so it is not re-sent."""
+    script = (
+        f"kill -KILL {pid} || exit 1; "
+        f"for i in $(seq 1 600); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null || exit 0; sleep 0.05; done; exit 2"
+    )
+    result = sandbox_host.run(f"bash -c {shlex.quote(script)}")
+    assert result.rc == 0, f"kill {pid}: rc {result.rc} (2: port {port} still accepted 30 s later) {result.stderr}"
+
+
 def test_sigkilled_replica_fails_no_request_sent_after_the_kill_and_is_restarted(two_replicas, sandbox_host):
-    """SIGKILL of replica 0's vLLM under load. A request sent after the kill never fails: the replica refuses
-    connections, HAProxy sends the request to the other replica (retry-on conn-failure) and takes the dead one
-    out. A request replica 0 held when it died fails (HAProxy's 502): HAProxy never replays a request a replica
-    took (a generation done twice, a request that kills its replica fed to every replica; docs/security.md), so
-    at most one per client fails, and the client retries. systemd restarts the replica."""
+    """SIGKILL of replica 0's vLLM under load. A request sent after the kill (once the replica's port refuses
+    connections: see kill_and_wait_for_refusal) never fails: the replica refuses it, HAProxy sends the request
+    to the other replica (retry-on conn-failure) and takes the dead one out. A request replica 0 held when it
+    died fails (HAProxy's 502): HAProxy never replays a request a replica took (a generation done twice, a
+    request that kills its replica fed to every replica; docs/security.md), so at most one per client fails,
+    and the client retries. systemd restarts the replica, checked even when an assertion before it fails, so
+    the module's later tests find both replicas serving."""
     host, serving, _, _ = two_replicas
     before = int(sandbox_host.run("systemctl show -p NRestarts --value vllm@0").stdout.strip())
     # The vLLM server itself, whichever engine runs it (under podman: a process of the container).
     pid = server_pid(sandbox_host, 0)
     assert pid
-    with Load(sandbox_endpoint(host), serving.model.hf_id, limit=60, seconds=240) as load:
-        wait_until(lambda: load.ok >= 5, 60, "the load to start")
-        assert sandbox_host.run(f"kill -KILL {pid}").rc == 0
-        # The kill has landed once the ssh command returns: a request sent while it ran may have reached vLLM.
-        landed = time.monotonic()
-        wait_until(lambda: load.ok >= 40, 200, "40 requests after the kill")
-    after = load.failures_sent_after(landed)
-    print(
-        f"\n[figure] SIGKILL under load: {load.ok} ok; {load.failed_sent_before(landed)} failed that the killed "
-        f"replica held (never replayed), {len(after)} failed of those sent after the kill"
-    )
-    if after:  # HAProxy's view of each failed request (termination state, retries) for the report
-        print(sandbox_host.run("journalctl -u haproxy -n 120 --no-pager -o cat").stdout)
-    assert after == []
-    # Each client has one request in flight at a time: at most that many were held by the replica when it died.
-    assert len(load.failures) <= load.threads, load.failures
-    wait_until(
-        lambda: int(sandbox_host.run("systemctl show -p NRestarts --value vllm@0").stdout.strip()) > before,
-        60,
-        "systemd to restart vllm@0",
-    )
-    wait_until(lambda: set(haproxy_status(sandbox_host).values()) == {"UP"}, 240, "vllm@0 back UP in HAProxy")
+    try:
+        with Load(sandbox_endpoint(host), serving.model.hf_id, limit=60, seconds=240) as load:
+            wait_until(lambda: load.ok >= 5, 60, "the load to start")
+            kill_and_wait_for_refusal(sandbox_host, pid, serving.replicas[0].port)
+            landed = time.monotonic()
+            wait_until(lambda: load.ok >= 40, 200, "40 requests after the kill")
+        after = load.failures_sent_after(landed)
+        print(
+            f"\n[figure] SIGKILL under load: {load.ok} ok; {load.failed_sent_before(landed)} failed that the "
+            f"killed replica held (never replayed), {len(after)} failed of those sent after the kill"
+        )
+        if after:  # HAProxy's view of each failed request (termination state, retries) for the report
+            print(sandbox_host.run("journalctl -u haproxy -n 120 --no-pager -o cat").stdout)
+        assert after == []
+        # Each client has one request in flight at a time: at most that many were held by the replica when it died.
+        assert len(load.failures) <= load.threads, load.failures
+    finally:
+        wait_until(
+            lambda: int(sandbox_host.run("systemctl show -p NRestarts --value vllm@0").stdout.strip()) > before,
+            60,
+            "systemd to restart vllm@0",
+        )
+        wait_until(lambda: set(haproxy_status(sandbox_host).values()) == {"UP"}, 240, "vllm@0 back UP in HAProxy")
 
 
 def test_unchanged_replica_is_never_restarted(two_replicas, sandbox_host):
