@@ -145,6 +145,12 @@ def bench(
         help="Also run one multi-turn workload under each routing policy on a fresh host of two replicas: prefix "
         "reuse, hit rate, TTFT p50/p99, request share per replica (a table, routing.json and routing.png in --out).",
     ),
+    vllm_router: bool = typer.Option(
+        True,
+        "--vllm-router/--no-vllm-router",
+        help="With --routing: also run the workload through vllm-router (pinned, installed from PyPI once) under "
+        "its cache_aware and consistent_hash policies, in front of the same replicas.",
+    ),
     out: Path = typer.Option(Path("bench-results"), "--out", help="Where --routing writes routing.json and .png."),
 ) -> None:
     """Print sandbox figures: rootfs build and unpack, host up, boot to ssh, idle RSS, down
@@ -164,7 +170,7 @@ def bench(
             figures.update(sandbox_bench.measure_weights(log=_console_log()))
         if engines:
             figures.update(sandbox_bench.measure_engines(log=_console_log()))
-        runs = sandbox_bench.measure_routing(log=_console_log()) if routing else []
+        runs = sandbox_bench.measure_routing(log=_console_log(), vllm_router=vllm_router) if routing else []
     except (RuntimeError, OSError) as error:
         _fail(error)
     sandbox_bench.print_figures(figures)
