@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -20,6 +21,7 @@ from gemmaserve.ops.endpoint import Credentials, EndpointError, request
 from gemmaserve.plan import CLIENT_ROUTES, HEALTH_PATH, plan
 from gemmaserve.sandbox.profile import sandbox_host_data
 from gemmaserve.sources import spec_from_host_data
+from roles.router import Settings
 from tests.roles.fixtures.test_haproxy_access import conn_cur
 from tests.sandbox_fixtures import Load, deploy, sandbox_endpoint, wait_until
 
@@ -263,6 +265,109 @@ def test_plain_http_on_the_serving_port_is_refused(deployed):
     endpoint = sandbox_endpoint(deployed[0])
     with pytest.raises(EndpointError):
         request(endpoint.url("/health").replace("https://", "http://", 1), timeout=10)
+
+
+# A second client address on the outer machine, in the sandbox's own range (10.231.0.0/24 holds no host).
+OTHER_SOURCE = "10.231.0.9"
+# The issue's reproduction: 8,200 idle connections from one address in about 2 s (HAProxy's maxconn is 8,192).
+FLOOD = 8200
+
+
+@pytest.fixture
+def other_source(deployed):
+    """OTHER_SOURCE on the outer end of the host's veth while the test runs: the host answers it through its
+    default route, which is that veth."""
+    veth = deployed[0].veth
+    subprocess.run(["ip", "addr", "add", f"{OTHER_SOURCE}/32", "dev", veth], check=True)
+    try:
+        yield OTHER_SOURCE
+    finally:
+        subprocess.run(["ip", "addr", "del", f"{OTHER_SOURCE}/32", "dev", veth], check=False)
+
+
+def chat_from(endpoint, source: str, path: str = "/v1/chat/completions") -> int:
+    """The status of one keyed request from `source` on a connection of its own (a chat, or GET `path`)."""
+    import http.client
+    import ssl
+
+    url = urlsplit(endpoint.base_url)
+    context = ssl.create_default_context(cafile=endpoint.credentials.ca_cert)
+    connection = http.client.HTTPSConnection(
+        url.hostname, url.port, context=context, timeout=60, source_address=(source, 0)
+    )
+    headers = {"Authorization": f"Bearer {endpoint.credentials.api_key}", "Content-Type": "application/json"}
+    try:
+        if path == "/v1/chat/completions":
+            body = json.dumps(
+                {
+                    "model": "gemmaserve/tiny-gemma4-test",
+                    "max_tokens": 2,
+                    "messages": [{"role": "user", "content": "Hi"}],
+                }
+            )
+            connection.request("POST", path, body, headers)
+        else:
+            connection.request("GET", path, headers=headers)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_one_address_flooding_the_port_leaves_it_to_other_clients(deployed, sandbox_host, other_source):
+    """8,200 idle TCP connections from the outer machine's address in about 2 s, against the host's real HAProxy
+    with the plan's limits: HAProxy holds the address's share (source_max_connections; its connection rate per
+    10 s has the same budget) and closes the rest
+    unanswered, so a client at another address gets its chats and /health answered, and the stats listener
+    (Prometheus's scrape) answers on the host. tests/roles/fixtures/test_router_abuse.py shows, with small limits
+    on loopback, that without the per-address rules the flood takes the port."""
+    import errno
+    import resource
+    import socket
+
+    host, serving = deployed[0], deployed[1]
+    endpoint = sandbox_endpoint(host)
+    port = urlsplit(endpoint.base_url).port
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard >= FLOOD + 200, f"this machine allows {hard} open files, the flood needs {FLOOD + 200}"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FLOOD + 200, hard))
+    flood: list[socket.socket] = []
+    try:
+        started = time.monotonic()
+        for _ in range(FLOOD):  # never sends a byte; the kernel completes each connection or HAProxy closes it
+            sock = socket.socket()
+            sock.setblocking(False)
+            assert sock.connect_ex((host.address, port)) in (0, errno.EINPROGRESS)
+            flood.append(sock)
+        opened = time.monotonic() - started
+        time.sleep(2)  # HAProxy accepts the backlog and closes what is past the address's limit
+        statuses = [chat_from(endpoint, other_source) for _ in range(5)]
+        health = chat_from(endpoint, other_source, "/health")
+        scrape = sandbox_host.run(
+            f"curl -fsS -m 10 -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{Settings().stats_port}/metrics"
+        )
+        table = haproxy_admin(sandbox_host, "show table client_addresses")
+        held = conn_cur(table, f"::ffff:{host.gateway}")
+        print(
+            f"\n[figure] flood on the sandbox: {FLOOD} connections from {host.gateway} opened in {opened:.1f} s; "
+            f"HAProxy held {held} (limit {serving.access.source_max_connections}); {other_source}: chats {statuses}, "
+            f"/health {health}; stats {scrape.stdout}"
+        )
+        assert statuses == [200] * 5 and health == 200
+        assert scrape.rc == 0 and scrape.stdout == "200"
+        # At most the address's share; a few below it when this address's earlier requests (other tests) count
+        # in its 10 s connection rate, whose budget equals the share.
+        limit = serving.access.source_max_connections
+        assert 0.95 * limit <= held <= limit
+    finally:
+        for sock in flood:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    # The flood's connections are gone from HAProxy's count once closed.
+    wait_until(
+        lambda: conn_cur(haproxy_admin(sandbox_host, "show table client_addresses"), f"::ffff:{host.gateway}") < 10,
+        30,
+        "the flood's connections closed in HAProxy",
+    )
 
 
 def test_certificate_file_is_root_only(deployed, sandbox_host):
