@@ -519,7 +519,7 @@ class Weights(Strict):
         if self.source == "bucket":
             if self.bucket is None:
                 problems.append(
-                    ("weights.bucket", None, "required with source bucket (the stack exports it as weightsBucket)")
+                    ("weights.bucket", None, "required with source bucket (the stack exports it as weights_bucket)")
                 )
             if self.revision is None:
                 problems.append(("weights.revision", None, "required with source bucket: the commit the mirror holds"))

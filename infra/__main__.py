@@ -238,6 +238,6 @@ pulumi.export("api_key_secret", access.key_secret_name)
 pulumi.export("plan", serving_plan.to_json())
 pulumi.export("artifact_repository", image.repository_url)
 if weights_bucket is not None:
-    pulumi.export("weightsBucket", weights_bucket.uri)
+    pulumi.export("weights_bucket", weights_bucket.uri)
 if image.image_ref is not None:
     pulumi.export("serving_image", image.image_ref)

@@ -189,7 +189,7 @@ def mirror(
     except exceptions.NotFound:
         raise MirrorError(
             f"weights.bucket = gs://{weights.bucket}: no such bucket (create it with `pulumi up`; the stack exports "
-            "weightsBucket)"
+            "weights_bucket)"
         ) from None
     except exceptions.Forbidden as error:
         raise MirrorError(f"gs://{weights.bucket}: access refused ({error.message})") from None

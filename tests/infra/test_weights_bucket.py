@@ -59,7 +59,7 @@ def test_the_bucket_is_private_uniform_and_exported(run):
     assert bucket.inputs["name"] == BUCKET
     assert bucket.inputs["uniformBucketLevelAccess"] is True
     assert bucket.inputs["publicAccessPrevention"] == "enforced"
-    assert run.outputs["weightsBucket"] == f"gs://{BUCKET}"
+    assert run.outputs["weights_bucket"] == f"gs://{BUCKET}"
 
 
 def test_hosts_read_everything_and_write_only_compile_caches(run):
@@ -79,7 +79,7 @@ def test_hosts_read_everything_and_write_only_compile_caches(run):
 
 def test_no_bucket_without_weights_from_a_bucket(stack_runs):
     assert not stack_runs["gpu8"].of_type("gcp:storage/bucket:Bucket")
-    assert "weightsBucket" not in stack_runs["gpu8"].outputs
+    assert "weights_bucket" not in stack_runs["gpu8"].outputs
 
 
 def test_bucket_request_body_matches_the_storage_api_schema(run):
@@ -180,4 +180,4 @@ def test_a_stack_sharing_another_stacks_bucket_grants_only_its_own_hosts():
         (BUCKET, "roles/storage.objectUser", hosts),
     }
     assert all(storage.urn in m.dependencies for m in members)
-    assert shared.outputs["weightsBucket"] == f"gs://{BUCKET}"
+    assert shared.outputs["weights_bucket"] == f"gs://{BUCKET}"
