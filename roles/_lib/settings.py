@@ -64,6 +64,9 @@ class RoleSettings(Strict):
     model_config = ConfigDict(extra="forbid", frozen=True)
     # Host-data keys of this role start with this, e.g. "router_" for router_stats_port.
     prefix: ClassVar[str]
+    # Settings since renamed: old name (without the prefix) -> what to write now. Host data is user input: an
+    # old key is refused naming its replacement, never ignored or read in its old unit.
+    renamed: ClassVar[Mapping[str, str]] = {}
 
     @field_validator("*")
     @classmethod
@@ -91,7 +94,9 @@ class RoleSettings(Strict):
             problems = []
             for e in error.errors():
                 key = cls.prefix + ".".join(str(p) for p in e["loc"])
-                if e["type"] == "extra_forbidden":
+                if e["type"] == "extra_forbidden" and key.removeprefix(cls.prefix) in cls.renamed:
+                    problems.append(f"{key}: renamed; {cls.renamed[key.removeprefix(cls.prefix)]}")
+                elif e["type"] == "extra_forbidden":
                     allowed = ", ".join(cls.prefix + name for name in cls.model_fields)
                     problems.append(f"{key}: unknown setting of the {cls.prefix.rstrip('_')} role; allowed: {allowed}")
                 else:

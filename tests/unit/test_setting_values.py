@@ -10,6 +10,7 @@ import shlex
 import pytest
 
 from gemmaserve.spec import SpecError, parse_spec
+from roles._lib.settings import RoleSettings
 from tests.unit.test_spec_errors import with_ as spec_with
 
 GOOD = {"model": "e2b", "accelerator": {"kind": "l4"}}
@@ -154,3 +155,24 @@ def test_the_key_store_path_is_quoted_where_it_meets_a_shell():
         == f"python3 {API_KEYS} init --store /etc/gemmaserve/api-keys"
     )
     assert shlex.split(key_store_init_command("/etc/x y"))[-1] == "/etc/x y"
+
+
+class Example(RoleSettings):
+    prefix = "example_"
+    wait_timeout: int = 600
+    renamed = {"wait_checks": "write example_wait_timeout, in seconds (it counted 2 s checks: double the value)"}
+
+
+def test_a_renamed_setting_is_refused_naming_its_replacement():
+    with pytest.raises(SpecError) as caught:
+        Example.from_data({"example_wait_checks": 300}, "h1")
+    assert caught.value.problems == [
+        "example_wait_checks: renamed; write example_wait_timeout, in seconds (it counted 2 s checks: double the value)"
+    ]
+    assert Example.from_data({"example_wait_timeout": 60}).wait_timeout == 60
+
+
+def test_an_unknown_setting_is_refused_naming_the_allowed_ones():
+    with pytest.raises(SpecError) as caught:
+        Example.from_data({"example_wait": 60}, "h1")
+    assert caught.value.problems == ["example_wait: unknown setting of the example role; allowed: example_wait_timeout"]
