@@ -158,22 +158,22 @@ def bench(
     compiled; with --fleet N: N fresh hosts in one pyinfra run against 1, with the CPU floor; with
     --engines: image build, deploy, no-op redeploy and restarts, wheel against container; with --routing:
     both routing policies under one multi-turn workload)."""
-    from gemmaserve.sandbox import bench as sandbox_bench
+    from gemmaserve.sandbox import figures as sandbox_figures
 
     try:
-        figures = sandbox_bench.measure(cold=cold, log=_console_log())
+        figures = sandbox_figures.measure(cold=cold, log=_console_log())
         if deploy:
-            figures.update(sandbox_bench.measure_deploy(log=_console_log()))
+            figures.update(sandbox_figures.measure_deploy(log=_console_log()))
         if fleet:
-            figures.update(sandbox_bench.measure_fleet(fleet, log=_console_log()))
+            figures.update(sandbox_figures.measure_fleet(fleet, log=_console_log()))
         if weights:
-            figures.update(sandbox_bench.measure_weights(log=_console_log()))
+            figures.update(sandbox_figures.measure_weights(log=_console_log()))
         if engines:
-            figures.update(sandbox_bench.measure_engines(log=_console_log()))
-        runs = sandbox_bench.measure_routing(log=_console_log(), vllm_router=vllm_router) if routing else []
+            figures.update(sandbox_figures.measure_engines(log=_console_log()))
+        runs = sandbox_figures.measure_routing(log=_console_log(), vllm_router=vllm_router) if routing else []
     except (RuntimeError, OSError) as error:
         _fail(error)
-    sandbox_bench.print_figures(figures)
+    sandbox_figures.print_figures(figures)
     if runs:
         from gemmaserve.ops.conversations import report
 

@@ -424,7 +424,7 @@ def test_multi_turn_bench_writes_table_json_and_plot(two_runs, tmp_path, monkeyp
 
 
 def test_sandbox_routing_comparison_deploys_each_policy_on_two_replicas():
-    from gemmaserve.sandbox.bench import ROUTING_POLICIES, ROUTING_WORKLOAD, routing_host_data
+    from gemmaserve.sandbox.figures import ROUTING_POLICIES, ROUTING_WORKLOAD, routing_host_data
 
     assert sorted(ROUTING_POLICIES) == sorted(conversations.POLICIES) and not ROUTING_WORKLOAD.problems()
     for policy in ROUTING_POLICIES:

@@ -1,4 +1,5 @@
-"""Figures for the sandbox: rootfs build, cached unpack, host up, boot, idle RSS, down; and with a deploy:
+"""The sandbox's own figures, measured by `gemmaserve sandbox bench` (an endpoint's load test, `gemmaserve bench`,
+is gemmaserve/ops/bench.py): rootfs build, cached unpack, host up, boot, idle RSS, down; and with a deploy:
 pyinfra deploy, no-op redeploy, time to first token after a cold and a warm replica restart; the
 same for both engines, the pinned venv and the locally built image under podman; and both routing policies
 under one multi-turn workload on a host of two replicas."""
