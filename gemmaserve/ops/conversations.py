@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import random
 import secrets
 import time
 import typing
@@ -27,6 +28,8 @@ POLICIES: tuple[str, ...] = typing.get_args(Serving.model_fields["routing"].anno
 # How long the replicas' counters may lag the last answer a client read (vLLM counts a finished request after
 # it has handed the request's last output on), and how often they are read again meanwhile.
 COUNTERS_SETTLE_S, COUNTERS_POLL_S = 10.0, 0.5
+# How the turns of the conversations are ordered (Workload.order).
+ORDERS = ("conversations", "rounds")
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,12 @@ class Workload:
     max_tokens: int = 32
     # Seconds one turn may take, from sending it to the stream's end.
     timeout: float = 120.0
+    # Words each user message adds to the conversation (a pasted text, a tool's output) beyond "Turn N: ...".
+    turn_words: int = 0
+    # "conversations": each client sends one conversation's turns back to back (a closed loop); "rounds": every
+    # conversation's first turn in a shuffled order, then every second turn, and so on, so other conversations'
+    # turns come between two turns of one, as a user's think time or an agent's tool call puts them.
+    order: str = "conversations"
 
     def problems(self) -> dict[str, str]:
         """Each field out of range -> what is allowed (empty when the workload can run)."""
@@ -52,6 +61,8 @@ class Workload:
             "system_prompt_words": (self.system_prompt_words >= 8, "8 or more"),
             "max_tokens": (self.max_tokens >= 1, "1 or more"),
             "timeout": (math.isfinite(self.timeout) and self.timeout > 0, "a number of seconds > 0"),
+            "turn_words": (self.turn_words >= 0, "0 or more"),
+            "order": (self.order in ORDERS, " or ".join(ORDERS)),
         }
         return {name: what for name, (ok, what) in allowed.items() if not ok}
 
@@ -59,6 +70,8 @@ class Workload:
         return (
             f"{self.conversations} conversations x {self.turns} turns, {self.clients} clients, system prompts of "
             f"{self.system_prompt_words} words, {self.max_tokens} tokens per answer"
+            + (f", {self.turn_words} more words per turn" if self.turn_words else "")
+            + (", turns in shuffled rounds" if self.order == "rounds" else "")
         )
 
 
@@ -91,8 +104,14 @@ def system_prompt(name: str, words: int) -> str:
     return " ".join(text[:words])
 
 
-def user_message(name: str, turn: int) -> str:
-    return f"Turn {turn}: tell me more about {name}."
+def user_message(name: str, turn: int, words: int = 0) -> str:
+    """Turn `turn`'s question, with `words` more words of text that no other turn or conversation shares."""
+    extra = []
+    sentence = 0
+    while len(extra) < words:
+        extra += f"Note {turn}.{sentence} on {name}: it is worth a careful, patient and complete answer.".split()
+        sentence += 1
+    return " ".join([f"Turn {turn}: tell me more about {name}.", *extra[:words]])
 
 
 def conversation_names(count: int, label: str = "conversation") -> list[str]:
@@ -152,36 +171,62 @@ def send_turn(
     return record(status), "".join(text)
 
 
-def run_conversation(endpoint: Endpoint, model: str, name: str, workload: Workload) -> list[Turn]:
-    """Every turn of one conversation, each after the previous answer; it stops at the first failed turn."""
-    messages = [{"role": "system", "content": system_prompt(name, workload.system_prompt_words)}]
-    turns = []
-    for number in range(1, workload.turns + 1):
-        messages.append({"role": "user", "content": user_message(name, number)})
+class Conversation:
+    """One conversation's messages so far and its turns' records; `send` sends its next turn."""
+
+    def __init__(self, endpoint: Endpoint, model: str, name: str, workload: Workload) -> None:
+        self.endpoint, self.model, self.name, self.workload = endpoint, model, name, workload
+        self.messages = [{"role": "system", "content": system_prompt(name, workload.system_prompt_words)}]
+        self.turns: list[Turn] = []
+
+    @property
+    def failed(self) -> bool:
+        return any(not turn.ok for turn in self.turns)
+
+    def send(self) -> None:
+        """The next turn, unless an earlier one failed (a failed turn ends its conversation)."""
+        if self.failed:
+            return
+        number = len(self.turns) + 1
+        self.messages.append({"role": "user", "content": user_message(self.name, number, self.workload.turn_words)})
         payload = {
-            "model": model,
-            "messages": messages,
-            "max_tokens": workload.max_tokens,
+            "model": self.model,
+            "messages": self.messages,
+            "max_tokens": self.workload.max_tokens,
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        turn, answer = send_turn(endpoint, payload, workload.timeout, name, number)
-        turns.append(turn)
-        if not turn.ok:
-            break
-        messages.append({"role": "assistant", "content": answer})
-    return turns
+        turn, answer = send_turn(self.endpoint, payload, self.workload.timeout, self.name, number)
+        self.turns.append(turn)
+        if turn.ok:
+            self.messages.append({"role": "assistant", "content": answer})
+
+
+def run_conversation(endpoint: Endpoint, model: str, name: str, workload: Workload) -> list[Turn]:
+    """Every turn of one conversation, each after the previous answer; it stops at the first failed turn."""
+    conversation = Conversation(endpoint, model, name, workload)
+    for _ in range(workload.turns):
+        conversation.send()
+    return conversation.turns
 
 
 def run_workload(endpoint: Endpoint, model: str, names: Sequence[str], workload: Workload) -> list[Turn]:
-    """Every conversation of `names`, `workload.clients` at a time; the turns in the order of `names`."""
+    """Every conversation of `names`, `workload.clients` requests at a time: each conversation's turns back to
+    back in the order of `names`, or (order "rounds") round by round, each round in a shuffled order (seeded
+    by the names, so a run can be repeated)."""
     problems = workload.problems()
     if problems:
         raise ValueError("; ".join(f"{name}: allowed: {what}" for name, what in problems.items()))
     with ThreadPoolExecutor(max_workers=min(workload.clients, len(names)) or 1) as pool:
-        conversations = list(pool.map(lambda name: run_conversation(endpoint, model, name, workload), names))
-    return [turn for turns in conversations for turn in turns]
+        if workload.order == "conversations":
+            done = list(pool.map(lambda name: run_conversation(endpoint, model, name, workload), names))
+            return [turn for turns in done for turn in turns]
+        conversations = [Conversation(endpoint, model, name, workload) for name in names]
+        order = random.Random(",".join(names))
+        for _ in range(workload.turns):
+            list(pool.map(Conversation.send, order.sample(conversations, len(conversations))))
+    return [turn for conversation in conversations for turn in conversation.turns]
 
 
 def ideal_reuse(turns: Sequence[Turn], block_size: int) -> int:

@@ -399,12 +399,14 @@ def _tiny_revision() -> str:
     return revision
 
 
-# The routing comparison: the workload of the sandbox's routing test (tests/roles/sandbox/test_resilience.py), sized
-# for the tiny model's max_model_len of 1,024 tokens: a system prompt of several of the CPU backend's 128-token
-# KV blocks, 4 turns of 8-token answers.
+# The routing comparison: the shape of the sandbox's routing test (tests/roles/sandbox/test_resilience.py), 32
+# conversations of 3 turns, 12 requests at once, the turns in shuffled rounds, each turn adding more than one of
+# the CPU backend's 128-token KV blocks, sized for the tiny model's max_model_len of 1,024 tokens (its tokenizer
+# makes ~6 tokens of a word here: a system prompt of ~190 tokens, ~150 more per turn, ~680 at the third turn).
 ROUTING_WORKLOAD = conversations.Workload(
-    conversations=12, turns=4, clients=6, system_prompt_words=520, max_tokens=8, timeout=120
-)
+    conversations=32, turns=3, clients=12, system_prompt_words=30, turn_words=20, max_tokens=8, timeout=120,
+    order="rounds",
+)  # fmt: skip
 # The default policy last, the way the routing test runs them.
 ROUTING_POLICIES = ("least-outstanding", "prefix-affinity")
 

@@ -5,6 +5,7 @@ value computed by hand from the stub's token counts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import threading
@@ -430,3 +431,33 @@ def test_sandbox_routing_comparison_deploys_each_policy_on_two_replicas():
     for policy in ROUTING_POLICIES:
         serving = plan(spec_from_host_data({**sandbox_host_data(), **routing_host_data(policy)})).require_ok()
         assert serving.routing.policy == policy and len(serving.replicas) == 2
+
+
+def test_rounds_send_every_first_turn_before_any_second_in_a_shuffled_order(stub):
+    """order "rounds": turn N of every conversation is answered before any turn N + 1 is sent, each round in an
+    order of its own (not the names' order every time), and a user message carries `turn_words` more words."""
+    workload = Workload(conversations=6, turns=3, clients=2, system_prompt_words=20, max_tokens=3, timeout=5,
+                        turn_words=25, order="rounds")  # fmt: skip
+    names = [f"c{i}" for i in range(6)]
+    turns = conversations.run_workload(stub.endpoint, "m", names, workload)
+    assert len(turns) == 18 and all(turn.ok for turn in turns)
+    sent = [(body["messages"][0]["content"].split()[6].rstrip("."), sum(m["role"] == "user" for m in body["messages"]))
+            for body in stub.bodies]  # fmt: skip
+    assert [turn for _, turn in sent] == [1] * 6 + [2] * 6 + [3] * 6
+    rounds = [[name for name, _ in sent[i : i + 6]] for i in (0, 6, 12)]
+    assert all(sorted(order) == names for order in rounds)
+    assert len({tuple(order) for order in rounds}) > 1 or rounds[0] != names
+    user = [m for m in stub.bodies[-1]["messages"] if m["role"] == "user"]
+    assert [len(m["content"].split()) for m in user] == [7 + 25] * 3
+    # The same names give the same order, so a run can be repeated (one client: arrival is the sending order).
+    orders = []
+    for _ in range(2):
+        stub.bodies.clear()
+        conversations.run_workload(stub.endpoint, "m", names, dataclasses.replace(workload, clients=1))
+        orders.append([b["messages"][0]["content"].split()[6].rstrip(".") for b in stub.bodies])
+    assert orders[0] == orders[1] and orders[0][:6] != names
+
+
+def test_a_workload_with_an_unknown_order_is_refused():
+    problems = Workload(order="random", turn_words=-1).problems()
+    assert problems == {"order": "conversations or rounds", "turn_words": "0 or more"}
