@@ -3,6 +3,7 @@ changed replicas one at a time, each drained in HAProxy first and followed by a 
 
 from __future__ import annotations
 
+import math
 import shlex
 from io import StringIO
 from pathlib import Path
@@ -45,15 +46,20 @@ CACHE_ENV_KEYS = (
 
 class Settings(RoleSettings):
     prefix = "replicas_"
+    renamed = {"stagger_checks": "write replicas_stagger_timeout, in seconds (it counted 2 s checks: double the value)"}
     # 31B loads plus graph compilation take many minutes on a cold host.
     timeout_start: int = 1800
     # Seconds a restarted replica may take to report healthy.
     health_timeout: int = 900
-    # x 2 s that a replica waits for the previous one to be healthy.
-    stagger_checks: int = 300
+    # Seconds a replica waits for the previous one to be healthy (checked every 2 s), then starts anyway.
+    stagger_timeout: int = 600
     nofile: int = 1048576
     # Seconds in-flight requests may take to finish before a restart.
     drain_timeout: int = 600
+
+
+# The unit checks the previous replica's health this often while it waits (templates/vllm@.service.j2).
+STAGGER_CHECK_S = 2
 
 
 def env_path(index: int) -> str:
@@ -281,7 +287,8 @@ def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
         "stop_timeout": 2 * shutdown + 30,
         "nofile": settings.nofile,
         "timeout_start": settings.timeout_start,
-        "stagger_checks": settings.stagger_checks,
+        "stagger_checks": math.ceil(settings.stagger_timeout / STAGGER_CHECK_S),
+        "stagger_check_s": STAGGER_CHECK_S,
         "weights_unit": weights_unit(serving),
         "weights_marker": weights_marker(serving),
         "ready_program": READY,

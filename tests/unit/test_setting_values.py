@@ -176,3 +176,26 @@ def test_an_unknown_setting_is_refused_naming_the_allowed_ones():
     with pytest.raises(SpecError) as caught:
         Example.from_data({"example_wait": 60}, "h1")
     assert caught.value.problems == ["example_wait: unknown setting of the example role; allowed: example_wait_timeout"]
+
+
+def test_the_replicas_stagger_is_a_timeout_in_seconds():
+    """replicas_stagger_timeout (seconds, like the role's other timeouts) becomes the unit's 2 s checks, rounded
+    up; the old replicas_stagger_checks (a count of checks) is refused naming it."""
+    from gemmaserve.plan import plan
+    from gemmaserve.spec import parse_spec
+    from roles._lib.render import render
+    from roles.replicas import TEMPLATES, Settings, unit_context
+
+    serving = plan(parse_spec({"model": "tiny", "accelerator": {"kind": "cpu", "count": 1}})).require_ok()
+    for seconds, checks in [(600, 300), (601, 301), (1, 1)]:
+        settings = Settings.from_data({"replicas_stagger_timeout": seconds})
+        unit = render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, settings))
+        assert (
+            f'for i in $(seq 1 {checks}); do curl -fsS -o /dev/null "$GEMMASERVE_WAIT_FOR" && exit 0; sleep 2;' in unit
+        )
+    with pytest.raises(SpecError) as caught:
+        Settings.from_data({"replicas_stagger_checks": 300}, "h1")
+    assert caught.value.problems == [
+        "replicas_stagger_checks: renamed; write replicas_stagger_timeout, in seconds (it counted 2 s checks: "
+        "double the value)"
+    ]
