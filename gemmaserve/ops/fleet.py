@@ -26,9 +26,17 @@ from gemmaserve.plan import Plan, plan
 from gemmaserve.sources import spec_from_host_data
 from gemmaserve.spec import Strict, validate_model
 
-# The repository: deploy.py, hosts/ and roles/ live here, next to the package.
-REPO = Path(__file__).resolve().parents[2]
+# Relative to the project directory (project_dir).
 DEFAULT_INVENTORY = "hosts/sandbox.py"
+DEPLOY = "deploy.py"
+
+
+def project_dir(start: Path | None = None) -> Path:
+    """The project pyinfra runs in, as pyinfra's own CLI does in its working directory: the nearest directory
+    from the working directory up that holds deploy.py (the checkout, run from any folder in it, as git finds
+    its repository), else the working directory itself."""
+    here = (start or Path.cwd()).resolve()
+    return next((folder for folder in (here, *here.parents) if (folder / DEPLOY).is_file()), here)
 
 
 # Host data naming an endpoint's client credentials, for inventories whose hosts have their own (the sandbox's).
@@ -149,14 +157,14 @@ def load(inventory: str | Path = DEFAULT_INVENTORY, limit: Iterable[str] = ()) -
     The loader runs in a child interpreter: importing pyinfra's CLI package monkey-patches the whole
     process for gevent, which must not happen to a process that already runs threads (pytest, paramiko).
     """
-    path = Path(inventory)
+    path, project = Path(inventory), project_dir()
     if not path.is_absolute():
-        path = (Path.cwd() / path) if (Path.cwd() / path).exists() else REPO / path
+        path = (Path.cwd() / path) if (Path.cwd() / path).exists() else project / path
     if not path.is_file():
         raise FileNotFoundError(f"--inventory {inventory}: no such inventory file")
     limit = list(limit)
     result = subprocess.run(
-        [sys.executable, "-m", "gemmaserve.ops.fleet", str(path), *limit], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-m", "gemmaserve.ops.fleet", str(path), *limit], cwd=project, capture_output=True, text=True
     )
     if result.returncode == NO_MATCH_EXIT:
         raise InventoryError(f"{inventory}: {result.stderr.strip()}")
@@ -183,7 +191,7 @@ def _dump_inventory(path: str, limit: list[str]) -> None:
     from pyinfra_cli.inventory import make_inventory
 
     ctx_state.set(State())  # the loader records which file it executes on the current state
-    inventory = make_inventory(path, cwd=str(REPO))
+    inventory = make_inventory(path, cwd=os.getcwd())  # the project directory: load() runs this there
     picked = set()
     for pattern in limit:
         try:
@@ -237,7 +245,7 @@ class PyinfraRun:
 
 def run_pyinfra(
     inventory: str | Path = DEFAULT_INVENTORY,
-    deploy: str | Path = "deploy.py",
+    deploy: str | Path = DEPLOY,
     *,
     limit: Iterable[str] = (),
     env: Mapping[str, str | None] | None = None,
@@ -246,7 +254,8 @@ def run_pyinfra(
     on_line: Callable[[str], None] | None = None,
     timeout: float | None = None,
 ) -> PyinfraRun:
-    """Run the pyinfra CLI from the repository, as a user would; `env` adds (or, with None, removes) variables.
+    """Run the pyinfra CLI in the project directory (project_dir), as a user would; `env` adds (or, with None,
+    removes) variables.
 
     `dry` prints every decision (`--dry`, with noop reasons) and changes nothing; otherwise the run applies
     without asking (`-y`). `on_line` sees each output line as it comes (progress for long deploys).
@@ -267,7 +276,7 @@ def run_pyinfra(
     lines: list[str] = []
     with subprocess.Popen(
         command,
-        cwd=REPO,
+        cwd=project_dir(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -11,7 +11,6 @@ import json
 import runpy
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -23,7 +22,8 @@ from pulumi.runtime.settings import SETTINGS
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import ROOT
+
 INFRA = ROOT / "infra"
 if str(INFRA) not in sys.path:
     # The program imports its components flat (`from network import Network`), as Pulumi runs it.

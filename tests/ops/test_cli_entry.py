@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 from typer.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import ROOT
+
 SANDBOX_COMMANDS = {"demo", "tiny-model", "sandbox"}
 
 

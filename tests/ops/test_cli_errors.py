@@ -14,8 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gemmaserve.ops.cli import app
-
-REPO = Path(__file__).resolve().parents[2]
+from tests import ROOT
 
 
 def cli(*args: str, input: str | None = None):
@@ -47,13 +46,13 @@ def test_available_kv_gib_within_the_device_still_plans():
     ],
 )
 def test_capacity_durations_out_of_range(args, named):
-    result = cli(*args, "--stack", "tpu-v6e4", "--project-dir", str(REPO))
+    result = cli(*args, "--stack", "tpu-v6e4", "--project-dir", str(ROOT))
     assert result.exit_code == 2, result.output
     assert named in result.output and "allowed" in result.output, result.output
 
 
 def stack_dir(tmp_path: Path, **cloud) -> Path:
-    document = yaml.safe_load((REPO / "Pulumi.tpu-v6e4.yaml").read_text())
+    document = yaml.safe_load((ROOT / "Pulumi.tpu-v6e4.yaml").read_text())
     document["config"]["gemmaserve:cloud"].update(cloud)
     (tmp_path / "Pulumi.x.yaml").write_text(yaml.safe_dump(document))
     return tmp_path
@@ -95,7 +94,7 @@ def test_a_stack_file_that_is_no_stack_file_is_named(tmp_path, make, command):
 
 
 def test_keys_add_without_credentials_is_an_error_and_prints_no_key(tmp_path):
-    document = yaml.safe_load((REPO / "Pulumi.gpu8.yaml").read_text())
+    document = yaml.safe_load((ROOT / "Pulumi.gpu8.yaml").read_text())
     document["config"]["gcp:project"] = "demo-project"
     (tmp_path / "Pulumi.gpu8.yaml").write_text(yaml.safe_dump(document))
     result = subprocess.run(
@@ -126,14 +125,14 @@ def test_no_command_group_shows_locals_in_a_traceback():
     "key", ["a" * 40, "abcabcabcabcabcabcabcabc", "password1234567890abc", "0123456789" * 3, "short-key"]
 )
 def test_a_weak_key_on_stdin_is_refused_without_echoing_it(key):
-    result = cli("keys", "add", "ci", "--key-stdin", "--stack", "gpu8", "--project-dir", str(REPO), input=key + "\n")
+    result = cli("keys", "add", "ci", "--key-stdin", "--stack", "gpu8", "--project-dir", str(ROOT), input=key + "\n")
     assert result.exit_code == 2, result.output
     assert "--key-stdin: " in result.output and "allowed" in result.output and "128 bits" in result.output
     assert key not in result.output
 
 
 def _stack_with_valid_until(d: Path) -> None:
-    document = yaml.safe_load((REPO / "Pulumi.tpu-v6e4.yaml").read_text())
+    document = yaml.safe_load((ROOT / "Pulumi.tpu-v6e4.yaml").read_text())
     document["config"]["gemmaserve:cloud"]["valid_until"] = "99999999999d"
     (d / "Pulumi.x.yaml").write_text(yaml.safe_dump(document))
 
@@ -164,7 +163,7 @@ def test_each_bad_input_as_a_process_is_one_clean_error(tmp_path, case):
         make(tmp_path)
         args = [*args, "--project-dir", str(tmp_path)]
     elif "--model" not in args:
-        args = [*args, "--stack", "gpu8" if args[0] == "keys" else "tpu-v6e4", "--project-dir", str(REPO)]
+        args = [*args, "--stack", "gpu8" if args[0] == "keys" else "tpu-v6e4", "--project-dir", str(ROOT)]
     weak = "a" * 40
     result = subprocess.run(
         [sys.executable, "-m", "gemmaserve", *args],

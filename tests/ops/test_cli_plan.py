@@ -4,13 +4,12 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from gemmaserve.engines import ENGINE_PINS
+from tests import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 JSON_KEYS = {
     "model",
     "accelerator",

@@ -13,6 +13,7 @@ import pytest
 
 from gemmaserve.ops import fleet
 from gemmaserve.ops.fleet import PyinfraRun
+from tests import ROOT
 
 RESULTS = """--> Results:
     Operation                                                       Hosts   Success   Error   No Change
@@ -88,7 +89,7 @@ def inventory(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pyinfra_limits(inventory) -> dict[tuple[str, ...], list[str]]:
     """The hosts pyinfra's `--limit` picks for each of LIMITS, in inventory order."""
-    command = [sys.executable, "-c", ORACLE, str(inventory), str(fleet.REPO), json.dumps(LIMITS)]
+    command = [sys.executable, "-c", ORACLE, str(inventory), str(ROOT), json.dumps(LIMITS)]
     picks = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
     return {tuple(patterns): hosts for patterns, hosts in zip(LIMITS, picks, strict=True)}
 
@@ -132,7 +133,7 @@ def test_hosts_without_host_key_checking_share_one_ssh_config_removed_at_exit(tm
     process, and the process removes it when it exits (no connection is made: paramiko connects lazily)."""
     environ = {**os.environ, "TMPDIR": str(tmp_path)}
     result = subprocess.run(
-        [sys.executable, "-c", CONNECT_TWICE], capture_output=True, text=True, env=environ, cwd=fleet.REPO
+        [sys.executable, "-c", CONNECT_TWICE], capture_output=True, text=True, env=environ, cwd=ROOT
     )
     assert result.returncode == 0, result.stderr[-2000:]
     (first, second), text = json.loads(result.stdout)
@@ -179,3 +180,14 @@ def test_a_hosts_client_credentials_are_validated(tmp_path) -> None:
         with pytest.raises(SpecError) as caught:
             client_host(tmp_path, **credentials).endpoint(environ={})
         assert "host data of h1" in str(caught.value) and problem in str(caught.value), caught.value
+
+
+def test_the_project_is_the_nearest_directory_holding_deploy_py(tmp_path):
+    """pyinfra runs in the project directory, found from the working directory up (not from where the package is
+    installed); outside any project it is the working directory itself."""
+    assert fleet.project_dir(ROOT / "docs") == ROOT == fleet.project_dir(ROOT)
+    (tmp_path / "deploy.py").write_text("")
+    (tmp_path / "hosts").mkdir()
+    assert fleet.project_dir(tmp_path / "hosts") == tmp_path.resolve()
+    (tmp_path / "deploy.py").unlink()
+    assert fleet.project_dir(tmp_path / "hosts") == (tmp_path / "hosts").resolve()

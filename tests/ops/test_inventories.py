@@ -13,8 +13,7 @@ from gemmaserve.plan import plan
 from gemmaserve.records import HostRecord, parse_host_records
 from gemmaserve.sources import capacity_from_host_data, load_stack_spec
 from gemmaserve.spec import SpecError
-
-ROOT = fleet.REPO
+from tests import ROOT
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ import yaml
 
 from gemmaserve.ops.keys import key_digest
 from roles._lib.programs import load_program
+from tests import ROOT
 
-REPO = Path(__file__).resolve().parents[2]
 PROJECT = "demo-project"
 # The stack file says `api-keys`; the stack creates it under its own prefix (stack_secret_name).
 SECRET = f"projects/{PROJECT}/secrets/gs-gpu8-api-keys"
@@ -243,7 +243,7 @@ def fake(tmp_path):
     # serve_forever's default 0.5 s poll is what shutdown() waits for, at every teardown.
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     # A project directory as `pulumi config set gcp:project` leaves it.
-    stack = yaml.safe_load((REPO / "Pulumi.gpu8.yaml").read_text())
+    stack = yaml.safe_load((ROOT / "Pulumi.gpu8.yaml").read_text())
     stack["config"]["gcp:project"] = PROJECT
     (tmp_path / "Pulumi.gpu8.yaml").write_text(yaml.safe_dump(stack))
     yield f"http://127.0.0.1:{server.server_port}", tmp_path
@@ -321,7 +321,7 @@ def test_missing_secret_is_named(fake):
 
 def test_missing_project_is_named(fake, tmp_path):
     endpoint, _ = fake
-    result = keys((endpoint, REPO), "list")
+    result = keys((endpoint, ROOT), "list")
     assert result.returncode == 2 and "gcp:project is not set" in result.stderr
 
 
@@ -338,7 +338,7 @@ def test_inventory_hosts_with_a_secret_are_sent_to_stack(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=REPO,
+        cwd=ROOT,
     )
     assert result.returncode == 2 and "its keys live in Secret Manager; use --stack" in result.stderr
 

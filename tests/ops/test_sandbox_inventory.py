@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from gemmaserve.ops import fleet
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests import ROOT
 
 
 @pytest.fixture

@@ -6,12 +6,12 @@ import socket
 import subprocess
 import sys
 
-from gemmaserve.ops import fleet
 from gemmaserve.ops.endpoint import API_KEY_ENV, CA_CERT_ENV
 from gemmaserve.ops.status import metric_sums, probe_script, replica_status
 from gemmaserve.plan import plan
 from gemmaserve.sandbox.profile import sandbox_host_data
 from gemmaserve.sources import spec_from_host_data
+from tests import ROOT
 
 METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -156,7 +156,7 @@ def closed_loopback_port() -> int:
 def status_cli(*args: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, CA_CERT_ENV)}
     command = [sys.executable, "-m", "gemmaserve", "status", *args]
-    return subprocess.run(command, cwd=fleet.REPO, capture_output=True, text=True, timeout=120, env=environ)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=environ)
 
 
 def test_a_host_ssh_cannot_reach_is_a_row_per_replica_and_exit_1(tmp_path):

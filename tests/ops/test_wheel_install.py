@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import ROOT
+
 pytestmark = pytest.mark.network
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 600
 
 

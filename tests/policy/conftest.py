@@ -1,8 +1,9 @@
 """Puts policy/ on sys.path, as the Pulumi CLI does when it runs the pack, so `import rules` works."""
 
 import sys
-from pathlib import Path
 
-POLICY = Path(__file__).resolve().parents[2] / "policy"
+from tests import ROOT
+
+POLICY = ROOT / "policy"
 if str(POLICY) not in sys.path:
     sys.path.insert(0, str(POLICY))

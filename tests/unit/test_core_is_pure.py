@@ -7,11 +7,12 @@ import ast
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[2] / "gemmaserve"
+from tests import ROOT
+
+CORE = ROOT / "gemmaserve"
 CORE_MODULES = sorted(p.stem for p in CORE.glob("*.py") if p.stem not in ("__init__", "__main__"))
 FORBIDDEN = (
     "pyinfra",

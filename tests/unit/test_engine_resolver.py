@@ -18,11 +18,11 @@ import pytest
 
 from gemmaserve import engines
 from gemmaserve.engines import ENGINE_PINS, PYPI, PYTORCH_CPU_INDEX
+from tests import ROOT
 from tests.unit.pypi_release import sdist
 
 pytestmark = pytest.mark.network
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "infra" / "serving_image" / "Dockerfile"
 UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import ROOT
 
 # gemmaserve.ops -> gemmaserve.sandbox imports left, each with its fix: none (the console script and
 # `python -m gemmaserve`, gemmaserve/__main__.py, plug sandbox.cli's commands into ops.cli's app).

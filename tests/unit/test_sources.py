@@ -4,6 +4,7 @@ import pytest
 
 from gemmaserve.sources import capacity_from_host_data, spec_from_host_data, stack_prefix, stack_secret_name
 from gemmaserve.spec import SpecError
+from tests import ROOT
 
 GPU8 = {"gemmaserve_model": "31b", "gemmaserve_accelerator": {"kind": "rtx-pro-6000", "count": 8}, "ssh_user": "ubuntu"}
 
@@ -67,12 +68,10 @@ def test_capacity_host_data_is_validated():
 def test_every_secret_of_a_stack_is_named_once_for_plan_program_and_hosts():
     """HF token, API keys and TLS certificate: the spec a stack deploys (load_stack_spec, which the
     program's read_settings matches) and its hosts' data (stack_host_data) name the same stack-owned secrets."""
-    from pathlib import Path
 
     from gemmaserve.sources import load_stack_spec, stack_host_data
 
-    root = Path(__file__).resolve().parents[2]
-    spec, data = load_stack_spec("gpu8", root), stack_host_data("gpu8", root)
+    spec, data = load_stack_spec("gpu8", ROOT), stack_host_data("gpu8", ROOT)
     assert spec.secret.secret_manager == data["gemmaserve_secret"]["secret_manager"] == "gs-gpu8-hf-token"
     assert spec.serving.api_keys.secret_manager == data["gemmaserve_serving"]["api_keys"]["secret_manager"]
     assert spec.serving.api_keys.secret_manager == "gs-gpu8-api-keys"

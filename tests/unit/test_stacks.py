@@ -1,14 +1,12 @@
 """Every Pulumi.<stack>.yaml validates into a spec that plans, and bad stack config is refused by name."""
 
-from pathlib import Path
-
 import pytest
 
 from gemmaserve.plan import plan
 from gemmaserve.sources import load_stack_spec, read_stack_config
 from gemmaserve.spec import SpecError
+from tests import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 STACKS = sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in ROOT.glob("Pulumi.*.yaml"))
 
 

@@ -31,11 +31,11 @@ from gemmaserve.kv_cache import (
 from gemmaserve.plan import plan
 from gemmaserve.sources import load_stack_spec
 from gemmaserve.vllm_releases import TPU_CITATIONS, VLLM_CITATIONS, VllmRelease, vllm_release
+from tests import ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.network]
 
 ORACLE = Path(__file__).with_name("kv_oracle.py")
-REPO = Path(__file__).resolve().parents[2]
 # Under `make test`'s two workers (tests/conftest.py) the other one runs the sandbox tier, whose vLLM loads and
 # timed drains are the run's critical path: there the oracle runs one release at a time, at a lower priority.
 UNDER_XDIST = bool(os.environ.get("PYTEST_XDIST_WORKER"))
@@ -256,7 +256,7 @@ def test_grid_tells_every_rule_apart(oracle_results, version):
 
 
 def stack_plan(stack: str):
-    return plan(load_stack_spec(stack, REPO)).require_ok()
+    return plan(load_stack_spec(stack, ROOT)).require_ok()
 
 
 def stack_case(stack: str) -> tuple[str, str, dict, KvCapacity]:

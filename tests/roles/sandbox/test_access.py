@@ -22,12 +22,12 @@ from gemmaserve.plan import CLIENT_ROUTES, HEALTH_PATH, plan
 from gemmaserve.sandbox.profile import sandbox_host_data
 from gemmaserve.sources import spec_from_host_data
 from roles.router import Settings
+from tests import ROOT
 from tests.roles.fixtures.test_haproxy_access import conn_cur
 from tests.sandbox_fixtures import Load, deploy, sandbox_endpoint, wait_until
 
 pytestmark = pytest.mark.sandbox
 
-REPO = fleet.REPO
 # Two requests in flight per key make the limit reachable with the tiny model on two cores.
 LIMITED = {"gemmaserve_serving": {"api_keys": {"max_concurrent_requests": 2}}}
 
@@ -49,7 +49,7 @@ def deployed(sandbox_hosts, tmp_path_factory):
 
 def keys(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "gemmaserve", "keys", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "gemmaserve", "keys", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
 
 

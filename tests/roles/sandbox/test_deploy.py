@@ -16,12 +16,11 @@ from gemmaserve.ops.verify.processes import server_pid
 from gemmaserve.plan import plan
 from gemmaserve.sandbox.profile import OVERRIDE_ENV, sandbox_host_data
 from gemmaserve.sources import load_stack_spec, spec_from_host_data
+from tests import ROOT
 from tests.ops.test_status import closed_loopback_port
 from tests.sandbox_fixtures import deploy, sandbox_endpoint
 
 pytestmark = pytest.mark.sandbox
-
-REPO = fleet.REPO
 
 
 @pytest.fixture(scope="module")
@@ -292,7 +291,7 @@ def test_replica_runs_as_the_service_user(deployed, sandbox_host):
 def _all_planned_argvs() -> list[list[str]]:
     from tests.unit import test_published_setups as published
 
-    specs = [load_stack_spec(s, REPO) for s in ("tpu-v6e4", "tpu-v6e1", "gpu8", "a100", "h100")]
+    specs = [load_stack_spec(s, ROOT) for s in ("tpu-v6e4", "tpu-v6e1", "gpu8", "a100", "h100")]
     argvs = [r.argv for spec in specs for r in plan(spec).replicas]
     from gemmaserve.spec import parse_spec
 
@@ -372,7 +371,7 @@ def test_gemmaserve_status_reports_the_replica(deployed, sandbox_plan):
     result = subprocess.run(
         [sys.executable, "-m", "gemmaserve", "status", "--inventory", "hosts/sandbox.py", "--limit", deployed[0].name]
         + ["--json"],
-        cwd=REPO,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
@@ -397,7 +396,7 @@ def test_status_reads_a_serving_host_while_another_is_down(deployed, tmp_path):
     inventory.write_text(f"hosts = [('ghost', {ghost!r}), ({host.name!r}, {data!r})]\n")
     result = subprocess.run(
         [sys.executable, "-m", "gemmaserve", "status", "--inventory", str(inventory), "--json"],
-        cwd=REPO,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
@@ -413,7 +412,7 @@ def test_verify_suite_passes_against_the_sandbox(deployed):
     """The product's own verification suite (tests/verify), run as a user would, against this host."""
     result = subprocess.run(
         [sys.executable, "-m", "gemmaserve", "verify", "--inventory", "hosts/sandbox.py", "--limit", deployed[0].name],
-        cwd=REPO,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
@@ -448,7 +447,7 @@ def test_bench_scaled_down_sweep_writes_table_json_and_plot(deployed, tmp_path):
             "--out",
             str(tmp_path),
         ],
-        cwd=REPO,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,

@@ -9,16 +9,15 @@ import pytest
 
 from gemmaserve.ops import fleet
 from gemmaserve.sandbox import credentials, state
+from tests import ROOT
 
 pytestmark = pytest.mark.sandbox
-
-REPO = fleet.REPO
 
 
 @pytest.fixture(scope="module")
 def dry_run(sandbox_hosts, tmp_path_factory):
     host = sandbox_hosts[0]
-    gpu8_data = dict(runpy.run_path(str(REPO / "hosts" / "gpu8.py"))["gpu8"][0][1])
+    gpu8_data = dict(runpy.run_path(str(ROOT / "hosts" / "gpu8.py"))["gpu8"][0][1])
     gpu8_data.pop("_sudo", None)
     token = tmp_path_factory.mktemp("token") / "hf-token"
     token.write_text("hf_dryrunTESTtoken\n")
