@@ -324,8 +324,8 @@ DEFAULT_FULL_EVERY = 6
 DEFAULT_GLOBAL_HEAD_DIM = 512
 
 
-def _full_every(text: dict[str, Any]) -> int:
-    """The period of full-attention layers: ModelInfo holds the pattern every released Gemma 4 uses."""
+def _layer_types(text: dict[str, Any]) -> list[str]:
+    """Each layer's attention, as Gemma4TextConfig fills it in: every 6th full when absent, the last always full."""
     layers = int(_field(text, "num_hidden_layers"))
     kinds = text.get("layer_types")
     if kinds is None:
@@ -333,6 +333,13 @@ def _full_every(text: dict[str, Any]) -> int:
     kinds = [*kinds[:-1], "full_attention"]
     if len(kinds) != layers:
         raise CheckpointError(f"config.json text_config.layer_types: {len(kinds)} entries for {layers} layers")
+    return kinds
+
+
+def _full_every(text: dict[str, Any]) -> int:
+    """The period of full-attention layers: ModelInfo holds the pattern every released Gemma 4 uses."""
+    layers = int(_field(text, "num_hidden_layers"))
+    kinds = _layer_types(text)
     every = kinds.index("full_attention") + 1
     expected = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
     if kinds != expected:
@@ -343,15 +350,44 @@ def _full_every(text: dict[str, Any]) -> int:
     return every
 
 
+def _attention_shapes(text: dict[str, Any], k_eq_v: bool) -> tuple[AttentionShape, AttentionShape]:
+    """(sliding, full) layers' KV heads and head size, as transformers 5.19.0's Gemma4TextConfig.__post_init__ sets
+    each layer's: `per_layer_config` (layer index -> overrides of head_dim / num_key_value_heads) when the file has
+    one, which is how transformers 5.19 itself saves a Gemma 4 config (so every fine-tune saved with it); otherwise
+    built from global_head_dim (absent: 512) and, with attention_k_eq_v, num_global_key_value_heads for the full
+    layers."""
+    heads, head_dim = int(_field(text, "num_key_value_heads")), int(_field(text, "head_dim"))
+    per_layer = text.get("per_layer_config")
+    if per_layer is None:
+        global_heads = text.get("num_global_key_value_heads")
+        full_heads = int(global_heads) if k_eq_v and global_heads is not None else heads
+        full_dim = int(text.get("global_head_dim") or DEFAULT_GLOBAL_HEAD_DIM)
+        return AttentionShape(kv_heads=heads, head_dim=head_dim), AttentionShape(kv_heads=full_heads, head_dim=full_dim)
+    if not isinstance(per_layer, dict) or not all(isinstance(o, dict) for o in per_layer.values()):
+        raise CheckpointError("config.json text_config.per_layer_config: must map layer indices to JSON objects")
+    shapes: dict[str, set[AttentionShape]] = {"sliding_attention": set(), "full_attention": set()}
+    for index, kind in enumerate(_layer_types(text)):
+        overrides = per_layer.get(str(index)) or {}
+        shape = AttentionShape(
+            kv_heads=int(overrides.get("num_key_value_heads") or heads),
+            head_dim=int(overrides.get("head_dim") or head_dim),
+        )
+        shapes.setdefault(kind, set()).add(shape)
+    if any(len(found) > 1 for found in shapes.values()):
+        raise CheckpointError(
+            "config.json text_config.per_layer_config: layers of one attention type differ in head_dim or "
+            "num_key_value_heads; allowed: one shape for the sliding and one for the full layers (as every released "
+            "Gemma 4 has)"
+        )
+    (sliding,), (full,) = shapes["sliding_attention"] or {AttentionShape(heads, head_dim)}, shapes["full_attention"]
+    return sliding, full
+
+
 def architecture(config: dict[str, Any], ref: CheckpointRef) -> dict[str, Any]:
     """ModelInfo's architecture fields from config.json (transformers' Gemma4Config / Gemma4TextConfig)."""
     text = _text_config(config, ref)
-    sliding_heads = int(_field(text, "num_key_value_heads"))
-    head_dim = int(_field(text, "head_dim"))
     k_eq_v = bool(text.get("attention_k_eq_v", False))
-    # transformers' Gemma4TextConfig: global layers use num_global_key_value_heads only with attention_k_eq_v.
-    global_heads = text.get("num_global_key_value_heads")
-    full_heads = int(global_heads) if k_eq_v and global_heads is not None else sliding_heads
+    sliding, full = _attention_shapes(text, k_eq_v)
     modalities = {"text"}
     if config.get("vision_config"):
         modalities |= {"image", "video"}
@@ -361,10 +397,8 @@ def architecture(config: dict[str, Any], ref: CheckpointRef) -> dict[str, Any]:
     return {
         "num_layers": int(_field(text, "num_hidden_layers")),
         "full_every": _full_every(text),
-        "sliding": AttentionShape(kv_heads=sliding_heads, head_dim=head_dim),
-        "full": AttentionShape(
-            kv_heads=full_heads, head_dim=int(text.get("global_head_dim") or DEFAULT_GLOBAL_HEAD_DIM)
-        ),
+        "sliding": sliding,
+        "full": full,
         "sliding_window": int(_field(text, "sliding_window")),
         "num_kv_shared_layers": int(text.get("num_kv_shared_layers") or 0),
         "attention_k_eq_v": k_eq_v,

@@ -117,6 +117,38 @@ def test_fine_tune_dir_is_read_as_its_base(alias: str, tmp_path: Path) -> None:
     assert checkpoint.info.hf_id == f"my-{alias}-ft" and checkpoint.info.local_dir == str(root)
 
 
+def saved_by_transformers(config: dict) -> dict:
+    """The config as transformers 5.19.0 saves it (Gemma4TextConfig.__post_init__ turns global_head_dim and
+    num_global_key_value_heads into per_layer_config, and save_pretrained writes that): every fine-tune saved with it."""
+    text = dict(config["text_config"])
+    kinds = text.get("layer_types") or []
+    overrides = {"head_dim": text.pop("global_head_dim", 512)}
+    global_heads = text.pop("num_global_key_value_heads", None)
+    if text.get("attention_k_eq_v", True) and global_heads is not None:
+        overrides["num_key_value_heads"] = global_heads
+    text["per_layer_config"] = {str(i): overrides for i, kind in enumerate(kinds) if kind == "full_attention"}
+    return {**config, "text_config": text}
+
+
+@pytest.mark.parametrize("alias", list(STOCK))
+def test_a_config_saved_by_transformers_519_gives_the_same_architecture(alias: str) -> None:
+    # The tiny test model's own config.json has this form (per_layer_config {"3": {"head_dim": 64}}); read as
+    # global_head_dim's default it planned 512-wide full layers, a fifth of the KV tokens vLLM reports.
+    info = CATALOG.model(alias)
+    saved = saved_by_transformers(stock_config(alias))
+    assert "global_head_dim" not in saved["text_config"]
+    fields = architecture(saved, CheckpointRef(info.hf_id))
+    assert fields == {f: getattr(info, f) for f in fields}
+
+
+def test_per_layer_shapes_that_differ_within_a_kind_are_refused() -> None:
+    saved = saved_by_transformers(stock_config("31b"))
+    first_full = next(iter(saved["text_config"]["per_layer_config"]))
+    saved["text_config"]["per_layer_config"][first_full] = {"head_dim": 128}
+    with pytest.raises(CheckpointError, match="per_layer_config: layers of one attention type differ"):
+        architecture(saved, CheckpointRef("x/y"))
+
+
 SETUPS = [
     ("31b", {"kind": "rtx-pro-6000", "count": 8}, {}),
     ("31b", {"kind": "h100-80gb", "count": 2}, {"speculative": {"method": "mtp"}}),
