@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from importlib.resources import files
 from pathlib import Path
@@ -10,7 +11,9 @@ from types import ModuleType
 
 # The installed `roles` package (a checkout or site-packages): its files/ folders ship as package data.
 ROLES = Path(str(files("roles")))
+# Created by the base role, which installs there what host programs share (HOSTLIB) before any other role runs.
 LIB_DIR = "/opt/gemmaserve/lib"
+HOSTLIB = f"{LIB_DIR}/hostlib.py"
 # Installed by the vllm role, run by the replicas role before any restart.
 ARGCHECK = f"{LIB_DIR}/vllm_argcheck.py"
 # Installed by the router role, run by the replicas role around restarts.
@@ -33,10 +36,20 @@ def load_program(role: str, name: str) -> ModuleType:
     """roles/<role>/files/<name>.py imported on this machine as it runs on a host. There every program sits in
     LIB_DIR, whose programs import the shared ones of roles/_lib/files by name (`import gcs_json`, the script's
     own directory being first on sys.path); here those are loaded first under the same names, so nothing edits
-    sys.path. A shared program is its own module ("gcs_json"), any other one "gemmaserve_program_<name>"."""
-    for shared in sorted((ROLES / "_lib" / "files").glob("*.py")):
+    sys.path. A shared program is its own module ("gcs_json"), any other one "gemmaserve_program_<name>"; hostlib
+    first, as the other shared ones import it."""
+    for shared in sorted((ROLES / "_lib" / "files").glob("*.py"), key=lambda path: (path.stem != "hostlib", path.stem)):
         _load(shared.stem, shared)
     return _load(name if role == "_lib" else f"gemmaserve_program_{name}", program_source(role, f"{name}.py"))
+
+
+def installed_copy(lib: Path, *programs: tuple[str, str]) -> Path:
+    """`lib` made a copy of LIB_DIR as a host holds it: the shared programs of roles/_lib/files beside each
+    (role, file name) of `programs`, so they run as units run them (`python3 LIB/<program>.py`); `lib`."""
+    lib.mkdir(parents=True, exist_ok=True)
+    for path in (*(ROLES / "_lib" / "files").glob("*.py"), *(program_source(*each) for each in programs)):
+        shutil.copy(path, lib / path.name)
+    return lib
 
 
 def _load(module_name: str, path: Path) -> ModuleType:

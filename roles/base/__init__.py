@@ -1,5 +1,5 @@
-"""Base host preparation: packages, time sync, open-file limits, the gemmaserve user, the weights disk and
-directories."""
+"""Base host preparation: packages, time sync, open-file limits, the gemmaserve user, the weights disk,
+directories, and /opt/gemmaserve/lib with what host programs share."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from gemmaserve.sources import capacity_from_host_data
 from roles._lib.apt import install_packages
 from roles._lib.facts import HostState
 from roles._lib.managed import managed_directory, managed_file, managed_service
+from roles._lib.programs import HOSTLIB, LIB_DIR, program_source
 from roles._lib.settings import DebianPackage, RoleSettings
 from roles.base.disk import GCE_WEIGHTS_DEVICE, TPU_WEIGHTS_DEVICE, weights_disk
 
@@ -91,7 +92,9 @@ def base() -> None:
         # Containers share the outer clock and cannot set it; real hosts sync their own.
         wanted.append("chrony")
     install_packages("Install base packages", wanted)
-    now = HostState(host, paths=["/etc/gemmaserve", STATE_DIR, HF_HOME, LIMITS], units=["chrony.service"])
+    now = HostState(
+        host, paths=["/etc/gemmaserve", STATE_DIR, HF_HOME, LIMITS, LIB_DIR, HOSTLIB], units=["chrony.service"]
+    )
     if virt == "none":
         managed_service(name="Run chrony for time sync", service="chrony.service", current=now.unit("chrony.service"))
     account = (host.get_fact(Command, "getent group gemmaserve; getent passwd gemmaserve || true") or "").splitlines()
@@ -122,4 +125,12 @@ def base() -> None:
         dest=LIMITS,
         current=now.path(LIMITS),
         content=f"gemmaserve soft nofile {settings.nofile}\ngemmaserve hard nofile {settings.nofile}\n",
+    )
+    # What every role's host programs import beside themselves: here, before any other role installs one.
+    managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
+    managed_file(
+        name="Install hostlib.py (what host programs share)",
+        dest=HOSTLIB,
+        content=program_source("_lib", "hostlib.py"),
+        current=now.path(HOSTLIB),
     )

@@ -1,4 +1,4 @@
-"""A small client for the Cloud Storage JSON API (stdlib only) for the programs hosts run: object metadata,
+"""A small client for the Cloud Storage JSON API (stdlib and hostlib) for the programs hosts run: object metadata,
 ranged and generation-pinned downloads, resumable uploads.
 
 Requests and fields as documented at https://cloud.google.com/storage/docs/json_api/v1/objects (get,
@@ -16,11 +16,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-METADATA_TOKEN_URL = (
-    os.environ.get("GEMMASERVE_METADATA_URL", "http://metadata.google.internal/computeMetadata/v1")
-    + "/instance/service-accounts/default/token"
-)
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# Installed beside this module by the base role (roles/_lib/files/hostlib.py).
+import hostlib
 
 
 class StorageError(Exception):
@@ -56,18 +53,16 @@ class Bucket:
         if self.emulated:
             return {}
         if self._token is None or self._token[1] < time.monotonic() + 60:
-            request = urllib.request.Request(METADATA_TOKEN_URL, headers={"Metadata-Flavor": "Google"})
             try:
-                with _NO_PROXY.open(request, timeout=10) as response:
-                    body = json.loads(response.read())
+                token, expires_in = hostlib.metadata_token(timeout=10)
             except (urllib.error.URLError, OSError) as error:
                 raise StorageError(f"no service account token from the metadata server ({error})") from None
-            self._token = (body["access_token"], time.monotonic() + float(body.get("expires_in", 300)))
+            self._token = (token, time.monotonic() + expires_in)
         return {"Authorization": f"Bearer {self._token[0]}"}
 
     def _open(self, url: str, method: str = "GET", headers: dict | None = None, data=None, timeout: float = 60):
         request = urllib.request.Request(url, method=method, data=data, headers={**self._headers(), **(headers or {})})
-        opener = _NO_PROXY if self.emulated else urllib.request.build_opener()
+        opener = hostlib.NO_PROXY if self.emulated else urllib.request.build_opener()
         try:
             return opener.open(request, timeout=timeout)
         except urllib.error.HTTPError as error:

@@ -1,6 +1,6 @@
 """Fetch a secret from Google Secret Manager into a tmpfs file, mode 0400, at unit start.
 
-Runs on serving hosts as a standalone script (stdlib only) from the units that need a secret:
+Runs on serving hosts as a standalone script (stdlib and hostlib, installed beside it) from the units that need a secret:
 gemmaserve-hf-token.service (roles/secrets: the Hugging Face token), gemmaserve-api-keys.service and
 gemmaserve-tls.service (roles/access: the API key store and the TLS certificate):
 
@@ -23,21 +23,21 @@ written.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
-# Overridable so the fetcher can be tested against a local fake of both services.
-METADATA_URL = os.environ.get("GEMMASERVE_METADATA_URL", "http://metadata.google.internal/computeMetadata/v1")
+# Installed beside this program by the base role (roles/_lib/files/hostlib.py).
+import hostlib
+
+# Overridable so the fetcher can be tested against a local fake of both services (the metadata server's:
+# GEMMASERVE_METADATA_URL, read by hostlib).
 SECRETMANAGER_URL = os.environ.get("GEMMASERVE_SECRETMANAGER_URL", "https://secretmanager.googleapis.com/v1")
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 FETCH_TIMEOUT = float(os.environ.get("GEMMASERVE_FETCH_TIMEOUT", "120"))
 RETRYABLE_HTTP = {429, 500, 502, 503, 504}
 
@@ -84,19 +84,28 @@ def _status(error: urllib.error.HTTPError) -> str:
 
 
 def _get_once(url: str, headers: dict[str, str], timeout: float = 10) -> bytes:
-    request = urllib.request.Request(url, headers=headers)
-    opener = _OPENER if url.startswith(METADATA_URL) else urllib.request.build_opener()
-    with opener.open(request, timeout=timeout) as response:
+    with urllib.request.build_opener().open(urllib.request.Request(url, headers=headers), timeout=timeout) as response:
+        return response.read()
+
+
+def _metadata(path: str) -> bytes:
+    with hostlib.metadata_open(path) as response:
         return response.read()
 
 
 def _get(url: str, headers: dict[str, str], deadline: float | None = None) -> bytes:
-    """GET with retries on what passes at boot (no route yet, 429, 5xx); other HTTP errors raise at once."""
+    """GET a Secret Manager URL, with _retried's retries."""
+    return _retried(lambda: _get_once(url, headers), url, deadline)
+
+
+def _retried(read, url: str, deadline: float | None = None):
+    """read() with retries on what passes at boot (no route yet, 429, 5xx) while reaching `url`; other HTTP
+    errors raise at once."""
     deadline = deadline if deadline is not None else time.monotonic() + FETCH_TIMEOUT
     delay, attempt = 1.0, 1
     while True:
         try:
-            return _get_once(url, headers)
+            return read()
         except urllib.error.HTTPError as error:
             if error.code not in RETRYABLE_HTTP or time.monotonic() + delay > deadline:
                 raise
@@ -123,11 +132,11 @@ def resource_name(secret: str, project: str | None) -> str:
 
 
 def fetch_with_metadata(secret: str) -> bytes:
-    flavor = {"Metadata-Flavor": "Google"}
-    token = json.loads(_get(f"{METADATA_URL}/instance/service-accounts/default/token", flavor))["access_token"]
+    token, _ = _retried(hostlib.metadata_token, f"{hostlib.METADATA_URL}/instance/service-accounts/default/token")
     project = None
     if not secret.startswith("projects/"):
-        project = _get(f"{METADATA_URL}/project/project-id", flavor).decode().strip()
+        project_id = "project/project-id"
+        project = _retried(lambda: _metadata(project_id), f"{hostlib.METADATA_URL}/{project_id}").decode().strip()
     name = resource_name(secret, project)
     try:
         body = json.loads(_get(f"{SECRETMANAGER_URL}/{name}:access", {"Authorization": f"Bearer {token}"}))
@@ -180,23 +189,11 @@ def fetch(secret: str) -> bytes:
         raise TokenError(f"no metadata server ({error.__class__.__name__}) and no gcloud to read {secret!r}") from None
 
 
-def write_private(data: bytes, out: str) -> None:
-    """Write atomically, 0400, so a reader never sees a partial or world-readable secret."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(out) or ".", prefix=".secret.")
-    # A token is one line and is written without a newline; a multi-line secret (a PEM bundle, the key
-    # store) keeps its final newline.
+def secret_body(data: bytes) -> bytes:
+    """A token is one line and is written without a newline; a multi-line secret (a PEM bundle, the key
+    store) keeps its final newline."""
     body = data.strip()
-    if b"\n" in body:
-        body += b"\n"
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), 0o400)
-            handle.write(body)
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    return body + b"\n" if b"\n" in body else body
 
 
 def main(argv: list[str]) -> int:
@@ -208,7 +205,8 @@ def main(argv: list[str]) -> int:
         data = fetch(secret)
         if not data.strip():
             raise TokenError(f"secret {secret!r} is empty")
-        write_private(data, out)
+        # Atomically, 0400, so a reader never sees a partial or world-readable secret.
+        hostlib.write_private(out, secret_body(data), 0o400)
     except TokenError as error:
         print(f"gemmaserve: {error}", file=sys.stderr)
         return error.exit_status

@@ -27,20 +27,22 @@ never had keys (an empty map, so HAProxy can start), and a latest version that i
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+# Installed beside this program by the base role (roles/_lib/files/hostlib.py): the map file is written
+# atomically, so HAProxy or a reader never sees half a file.
+from hostlib import HAPROXY_SOCKET as SOCKET
+from hostlib import haproxy_command as command
+from hostlib import write_private
+
 STORE = "/etc/gemmaserve/api-keys"
 MAP = "/etc/gemmaserve/api-keys.map"
-SOCKET = "/run/haproxy/admin.sock"
 # secret_fetch.py's exit statuses: the secret has no version (yet); its latest version is not enabled.
 FETCH_NOT_FOUND, FETCH_NOT_ENABLED = 3, 4
 HEADER = "# gemmaserve API keys: `ID sha256:DIGEST CREATED` per line (digests, never keys); see `gemmaserve keys`.\n"
@@ -123,31 +125,6 @@ def read_store(path: str) -> list[Entry]:
             return parse_store(handle.read(), path)
     except FileNotFoundError:
         return []
-
-
-def write_private(path: str, text: str, mode: int = 0o600) -> None:
-    """Atomically, so HAProxy or a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".gemmaserve-keys.")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            os.fchmod(handle.fileno(), mode)
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def command(line: str, path: str = SOCKET) -> str:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(10)
-        conn.connect(path)
-        conn.sendall(line.encode() + b"\n")
-        chunks = []
-        while chunk := conn.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks).decode()
 
 
 def running_map(map_path: str, sock: str = SOCKET) -> dict[str, str] | None:

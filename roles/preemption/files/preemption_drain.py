@@ -1,6 +1,7 @@
 """Drain this host's replicas in HAProxy when Google Cloud announces a preemption or a terminating maintenance.
 
-Runs on spot / flex-start VMs and TPU VMs as gemmaserve-preemption.service (stdlib only):
+Runs on spot / flex-start VMs and TPU VMs as gemmaserve-preemption.service (stdlib and hostlib, installed
+beside it):
 
     python3 preemption_drain.py --grace 25 --haproxy-admin /opt/gemmaserve/lib/haproxy_admin.py
 
@@ -35,12 +36,11 @@ import sys
 import threading
 import time
 import urllib.error
-import urllib.request
 
-METADATA_URL = os.environ.get("GEMMASERVE_METADATA_URL", "http://metadata.google.internal/computeMetadata/v1")
+# Installed beside this program by the base role (roles/_lib/files/hostlib.py).
+import hostlib
+
 KEYS = ("instance/preempted", "instance/maintenance-event")
-# The metadata server is never reached through a proxy.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 HANG_SECONDS = 300
 
 
@@ -60,11 +60,10 @@ def is_notice(values: dict[str, str]) -> str | None:
 
 def fetch(key: str, etag: str | None, timeout: float = HANG_SECONDS) -> tuple[str, str | None]:
     """One metadata read; with an ETag it hangs until the value changes (or `timeout` s)."""
-    url = f"{METADATA_URL}/{key}"
+    path = key
     if etag is not None:
-        url += f"?wait_for_change=true&last_etag={etag}&timeout_sec={int(timeout)}"
-    request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
-    with _OPENER.open(request, timeout=timeout + 10) as response:
+        path += f"?wait_for_change=true&last_etag={etag}&timeout_sec={int(timeout)}"
+    with hostlib.metadata_open(path, timeout=timeout + 10) as response:
         return response.read().decode().strip(), response.headers.get("ETag")
 
 
@@ -162,7 +161,7 @@ def run(replicas: Replicas, grace: float, state_file: str | None, stop: threadin
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    log(f"watching {', '.join(KEYS)} at {METADATA_URL} (grace {grace:.0f} s)")
+    log(f"watching {', '.join(KEYS)} at {hostlib.METADATA_URL} (grace {grace:.0f} s)")
     while not stop.is_set():
         try:
             key, value = events.get(timeout=1)

@@ -11,32 +11,19 @@ Runs on serving hosts as a standalone script (stdlib only):
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 import urllib.error
-import urllib.request
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# Installed beside this program by the base role (roles/_lib/files/hostlib.py).
+from hostlib import NO_PROXY, sd_notify
+
 KERNEL_SUFFIXES = (".so", ".cpp", ".cubin", ".ptx", ".py", ".json", ".neff")
-
-
-def notify(message: str) -> None:
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.sendto(message.encode(), address)
-        except OSError:
-            pass
 
 
 def healthy(url: str) -> bool:
     try:
-        with _OPENER.open(url, timeout=2) as response:
+        with NO_PROXY.open(url, timeout=2) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
@@ -69,11 +56,11 @@ def main(argv: list[str]) -> int:
     while not healthy(url):
         current = phase(new_files(dirs, started))
         if current != last:
-            notify(f"STATUS={current}")
+            sd_notify(f"STATUS={current}")
             print(f"gemmaserve: {current}", file=sys.stderr, flush=True)
             last = current
         time.sleep(1)
-    notify(f"STATUS=ready ({time.time() - started:.0f} s after start)")
+    sd_notify(f"STATUS=ready ({time.time() - started:.0f} s after start)")
     print(f"gemmaserve: ready after {time.time() - started:.0f} s", file=sys.stderr, flush=True)
     time.sleep(0.2)  # let systemd read the datagram while this process is still in the unit's cgroup
     return 0

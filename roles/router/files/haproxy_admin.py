@@ -19,22 +19,12 @@ import csv
 import io
 import json
 import os
-import socket
 import sys
 import time
 
-SOCKET = "/run/haproxy/admin.sock"
-
-
-def command(line: str, path: str = SOCKET) -> str:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(10)
-        conn.connect(path)
-        conn.sendall(line.encode() + b"\n")
-        chunks = []
-        while chunk := conn.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks).decode()
+# Installed beside this program by the base role (roles/_lib/files/hostlib.py).
+from hostlib import HAPROXY_SOCKET as SOCKET
+from hostlib import haproxy_command as command
 
 
 def stat_rows(path: str = SOCKET) -> list[dict[str, str]]:

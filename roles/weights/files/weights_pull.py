@@ -2,7 +2,7 @@
 ranged downloads pinned to the generations the mirror recorded, every file checked against the hub's
 hashes (sha256 for LFS files, the git blob sha1 for the rest), one copy shared by all replicas.
 
-Runs on serving hosts as a standalone script (stdlib + gcs_json, installed beside it):
+Runs on serving hosts as a standalone script (stdlib + gcs_json and hostlib, installed beside it):
 
     python3 weights_pull.py check --bucket B --prefix P --dest DIR   # the revision is in the mirror, readable
     python3 weights_pull.py pull  --bucket B --prefix P --dest DIR [--parallel 8] [--user gemmaserve]
@@ -19,15 +19,15 @@ import argparse
 import concurrent.futures
 import hashlib
 import json
-import os
 import shutil
-import socket
 import sys
 import threading
 import time
 from pathlib import Path
 
-import gcs_json  # installed beside this program (roles/_lib/files/gcs_json.py)
+# Installed beside this program (roles/_lib/files).
+import gcs_json
+from hostlib import sd_notify
 
 MANIFEST = "gemmaserve-manifest.json"
 COMPLETE = ".gemmaserve-complete"
@@ -39,23 +39,9 @@ class PullError(Exception):
     pass
 
 
-def notify(message: str) -> None:
-    """sd_notify(3) without libsystemd: one datagram to $NOTIFY_SOCKET (absent outside systemd)."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.sendto(message.encode(), address)
-        except OSError:
-            pass
-
-
 def status(text: str) -> None:
     print(f"gemmaserve-weights: {text}", file=sys.stderr, flush=True)
-    notify(f"STATUS={text}")
+    sd_notify(f"STATUS={text}")
 
 
 def read_manifest(bucket: gcs_json.Bucket, prefix: str) -> dict:

@@ -10,13 +10,19 @@ import urllib.request
 
 import pytest
 
-from roles._lib.programs import load_program, program_source
+from roles._lib.programs import installed_copy, load_program
 from tests.roles.fake_metadata import serve
 from tests.roles.files.test_haproxy_admin import FakeHaproxy
 
-SCRIPT = program_source("preemption", "preemption_drain.py")
-ADMIN = program_source("router", "haproxy_admin.py")
 drain = load_program("preemption", "preemption_drain")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    """The drain and the router's haproxy_admin.py beside what they import, as hosts hold them."""
+    return installed_copy(
+        tmp_path_factory.mktemp("lib"), ("preemption", "preemption_drain.py"), ("router", "haproxy_admin.py")
+    )
 
 
 @pytest.mark.parametrize(
@@ -52,7 +58,7 @@ def flip(server, key: str, value: str) -> None:
 
 
 @pytest.fixture
-def running(tmp_path, request):
+def running(tmp_path, request, lib):
     """The drain program (a 5 s notice window unless parametrized), a fake metadata server and a fake HAProxy
     with two replicas, one busy."""
     server, _ = serve()
@@ -60,7 +66,8 @@ def running(tmp_path, request):
     marker = tmp_path / "notice"
     env = {**os.environ, "GEMMASERVE_METADATA_URL": f"http://127.0.0.1:{server.server_address[1]}/computeMetadata/v1"}
     grace = getattr(request, "param", 5)
-    argv = [sys.executable, str(SCRIPT), "--grace", str(grace), "--haproxy-admin", str(ADMIN)]
+    argv = [sys.executable, str(lib / "preemption_drain.py"), "--grace", str(grace)]
+    argv += ["--haproxy-admin", str(lib / "haproxy_admin.py")]
     argv += ["--socket", str(tmp_path / "admin.sock"), "--state-file", str(marker)]
     process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     yield server, haproxy, marker, process
@@ -110,7 +117,7 @@ def test_requests_outliving_the_notice_window_are_reported(running):
     assert "still busy: replica0" in log_of(process)
 
 
-def test_survives_a_metadata_server_that_comes_late(tmp_path):
+def test_survives_a_metadata_server_that_comes_late(tmp_path, lib):
     port_holder, _ = serve()
     port = port_holder.server_address[1]
     port_holder.shutdown()
@@ -119,11 +126,11 @@ def test_survives_a_metadata_server_that_comes_late(tmp_path):
     haproxy = FakeHaproxy(tmp_path / "admin.sock", {"replica0": [0, "UP"]})
     argv = [
         sys.executable,
-        str(SCRIPT),
+        str(lib / "preemption_drain.py"),
         "--grace",
         "2",
         "--haproxy-admin",
-        str(ADMIN),
+        str(lib / "haproxy_admin.py"),
         "--socket",
         str(tmp_path / "admin.sock"),
     ]

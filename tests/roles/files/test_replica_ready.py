@@ -51,5 +51,5 @@ def test_phases_loading_then_compiling_then_ready(tmp_path, monkeypatch):
 
 def test_without_systemd_it_only_logs(capsys):
     os.environ.pop("NOTIFY_SOCKET", None)
-    replica_ready.notify("STATUS=x")  # no socket: nothing to send, no error
+    replica_ready.sd_notify("STATUS=x")  # no socket: nothing to send, no error
     assert replica_ready.phase(0) == "loading model" and replica_ready.phase(3).startswith("compiling (3")
