@@ -383,6 +383,13 @@ def bench(
         1000, "--system-prompt-words", help="multi-turn: length of each conversation's own system prompt."
     ),
     max_tokens: int = typer.Option(32, "--max-tokens", help="multi-turn: tokens per answer."),
+    turn_words: int = typer.Option(0, "--turn-words", help="multi-turn: words each user turn adds (pasted text)."),
+    order: str = typer.Option(
+        "conversations",
+        "--order",
+        help="multi-turn: conversations (each client sends one conversation's turns back to back) or rounds (every "
+        "conversation's turn N, shuffled, before any turn N+1: think time between turns).",
+    ),
     request_timeout: float = typer.Option(120, "--request-timeout", help="multi-turn: seconds one turn may take."),
     out: Path = typer.Option(
         Path("bench-results"), "--out", help="Directory for bench.json and bench.png (multi-turn.json/.png)."
@@ -406,6 +413,8 @@ def bench(
             system_prompt_words=system_prompt_words,
             max_tokens=max_tokens,
             timeout=request_timeout,
+            turn_words=turn_words,
+            order=order,
         )
         return
     unknown = [p for p in profile if p not in benchmark.PROFILES]

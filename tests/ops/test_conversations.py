@@ -395,6 +395,8 @@ def bench_cli(*args: str):
         (["--workload", "multi-turn", "--system-prompt-words", "3"], "--system-prompt-words = 3: allowed: 8 or more"),
         (["--workload", "multi-turn", "--request-timeout", "nan"], "--request-timeout = nan: allowed: a number"),
         (["--workload", "multi-turn", "--request-timeout", "0"], "--request-timeout = 0.0: allowed: a number"),
+        (["--workload", "multi-turn", "--order", "random"], "--order = random: allowed: conversations or rounds"),
+        (["--workload", "multi-turn", "--turn-words", "-1"], "--turn-words = -1: allowed: 0 or more"),
     ],
 )
 def test_bad_multi_turn_input_names_the_option(args, message):
@@ -417,6 +419,8 @@ def test_multi_turn_bench_writes_table_json_and_plot(two_runs, tmp_path, monkeyp
     result = bench_cli("--workload", "multi-turn", "--turns", "3", "--clients", "2", "--limit", "h1", "--out", str(out))
     assert result.exit_code == 0, result.output
     assert asked["workload"] == Workload(turns=3, clients=2) and asked["limit"] == ["h1"]
+    bench_cli("--workload", "multi-turn", "--order", "rounds", "--turn-words", "40", "--out", str(out))
+    assert asked["workload"] == Workload(order="rounds", turn_words=40)
     assert "least-outstanding" in result.output and "prefix-affinity" in result.output
     assert {r["policy"] for r in json.loads((out / "multi-turn.json").read_text())["runs"]} == set(
         conversations.POLICIES
