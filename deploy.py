@@ -34,6 +34,8 @@ if serving.accelerator.vendor == "nvidia" and (topology := host.get_fact(NvidiaT
     # NUMA node. Before the first driver boot the plan's index order stands until the next deploy.
     serving = with_topology(serving, parse_topo_matrix(topology))
 
+# First: it creates /opt/gemmaserve/lib and installs what the other roles' programs import or run there
+# (hostlib, gcs_json, secret_fetch: roles/_lib/programs.INSTALLS); a role that needs them refuses to run without it.
 base()
 # Drivers first: they may reboot, and everything after them needs the devices.
 {"nvidia": nvidia, "amd": rocm, "google": tpu}.get(serving.accelerator.vendor, lambda _: None)(serving)

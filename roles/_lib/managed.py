@@ -18,7 +18,8 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files, systemd
 
-from roles._lib.facts import PathState, UnitState
+from roles._lib.facts import HostState, PathState, UnitState
+from roles._lib.programs import INSTALLS, LIB_DIR, SHARED, imports_shared, installed_path, source_of
 
 
 def _owned(current: PathState, kind: str, user: str, group: str, mode: str) -> bool:
@@ -127,3 +128,66 @@ def driver_daemons(services: list[str] | tuple[str, ...], driver_loaded: bool) -
             enabled=True,
             running=True if driver_loaded else None,
         )
+
+
+class MissingBaseRole(Exception):
+    pass
+
+
+# The base role's install operations of the shared programs, per host of this pyinfra run (a deploy file calls
+# the roles once per host, in order): what require_base checks and base_programs_changed reads.
+_BASE_INSTALLS: dict[tuple[int, str], list] = {}
+
+
+def _this_host() -> tuple[int, str]:
+    return id(host.state), host.name
+
+
+def program_paths(role: str) -> list[str]:
+    """Where `role`'s programs land (INSTALLS), for the role's HostState to read with its other paths."""
+    return [installed_path(name) for name in INSTALLS[role]]
+
+
+def install_programs(role: str, now: HostState) -> dict[str, object]:
+    """Install the programs `role` owns (roles._lib.programs.INSTALLS) into LIB_DIR, each a managed_file read
+    from `now` (which holds program_paths(role)); their operations by file name, for restart decisions.
+
+    The base role creates LIB_DIR. A role whose programs import a shared one needs base to have run first on
+    this host (require_base); one whose programs stand alone creates LIB_DIR itself, so it can run alone (the
+    nvidia role on a driver-only deploy)."""
+    missing = [path for path in [*program_paths(role), LIB_DIR] if path not in now.paths]
+    if missing:
+        raise ValueError(f"the {role} role's HostState does not read {', '.join(missing)}")
+    if role != "base" and imports_shared(role):
+        require_base(role, "its programs import")
+    else:
+        managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
+    installs = {
+        name: managed_file(
+            name=f"Install {name}",
+            dest=installed_path(name),
+            content=source_of(role, name),
+            current=now.path(installed_path(name)),
+        )
+        for name in INSTALLS[role]
+    }
+    if role == "base":
+        _BASE_INSTALLS[_this_host()] = list(installs.values())
+    return installs
+
+
+def require_base(role: str, why: str = "its units run") -> None:
+    """Stop before any operation when the base role did not run first on this host in this run: `role` needs
+    what base installs in LIB_DIR (SHARED)."""
+    if _this_host() not in _BASE_INSTALLS:
+        raise MissingBaseRole(
+            f"{host.name}: the {role} role needs {', '.join(SHARED)} in {LIB_DIR} ({why} them), which the base "
+            f"role installs: call base() before {role}() in the deploy file (deploy.py does)"
+        )
+
+
+def base_programs_changed():
+    """A check for `_if=`: whether this run changed a shared program on this host (a daemon that imports one
+    restarts with it)."""
+    installs = _BASE_INSTALLS.get(_this_host(), [])
+    return lambda: any(op.did_change() for op in installs)

@@ -16,13 +16,14 @@ from pyinfra.operations import files, server, systemd
 
 from gemmaserve.plan import AccessPlan, Plan
 from roles._lib.facts import HostState, PathState
-from roles._lib.managed import managed_directory, managed_file, managed_secret, managed_service
-from roles._lib.programs import LIB_DIR, installed_path, program_source
+from roles._lib.managed import install_programs, managed_file, managed_secret, managed_service
+from roles._lib.programs import LIB_DIR, installed_path
 from roles._lib.render import render
 from roles._lib.settings import LocalFile, RoleSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
 API_KEYS = installed_path("api_keys.py")
+# Installed by the base role.
 FETCHER = installed_path("secret_fetch.py")
 KEYS_UNIT = "gemmaserve-api-keys.service"
 KEYS_TIMER = "gemmaserve-api-keys.timer"
@@ -69,7 +70,7 @@ def tls_unit(access: AccessPlan) -> str:
 def access(serving: Plan) -> None:
     settings, plan = Settings.from_host(host), serving.access
     unit_paths = {unit: f"/etc/systemd/system/{unit}" for unit in (KEYS_UNIT, KEYS_TIMER, TLS_UNIT)}
-    paths = [LIB_DIR, API_KEYS, FETCHER, plan.key_store, plan.tls_cert, *unit_paths.values()]
+    paths = [LIB_DIR, API_KEYS, plan.key_store, plan.tls_cert, *unit_paths.values()]
     now = HostState(host, paths=paths, units=[KEYS_TIMER])
     if plan.tls_secret is None and settings.tls_src is None and now.path(plan.tls_cert).kind == "absent":
         # Before any operation runs: a host without its certificate would serve nothing.
@@ -77,20 +78,8 @@ def access(serving: Plan) -> None:
             f"{host.name}: serving.tls.file = {plan.tls_cert!r}: no such file on the host; place a PEM bundle "
             "(certificate chain and private key) there, mode 0400, or set access_tls_src to a local file to upload"
         )
-    managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
-    program = managed_file(
-        name="Install api_keys.py",
-        dest=API_KEYS,
-        content=program_source("access", "api_keys.py"),
-        current=now.path(API_KEYS),
-    )
-    if plan.key_secret or plan.tls_secret:
-        managed_file(
-            name="Install the Secret Manager fetcher",
-            dest=FETCHER,
-            content=program_source("_lib", "secret_fetch.py"),
-            current=now.path(FETCHER),
-        )
+    # Beside hostlib.py and the Secret Manager fetcher (secret_fetch.py) the base role installed.
+    program = install_programs("access", now)["api_keys.py"]
     store = _key_store(plan, settings, now)
     cert = _certificate(plan, settings, now, unit_paths[TLS_UNIT])
     keys_unit = managed_file(

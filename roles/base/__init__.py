@@ -15,8 +15,8 @@ from gemmaserve.plan import HF_HOME, STATE_DIR
 from gemmaserve.sources import capacity_from_host_data
 from roles._lib.apt import install_packages
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_directory, managed_file, managed_service
-from roles._lib.programs import HOSTLIB, LIB_DIR, program_source
+from roles._lib.managed import install_programs, managed_directory, managed_file, managed_service, program_paths
+from roles._lib.programs import LIB_DIR
 from roles._lib.settings import DebianPackage, RoleSettings
 from roles.base.disk import GCE_WEIGHTS_DEVICE, TPU_WEIGHTS_DEVICE, weights_disk
 
@@ -93,7 +93,9 @@ def base() -> None:
         wanted.append("chrony")
     install_packages("Install base packages", wanted)
     now = HostState(
-        host, paths=["/etc/gemmaserve", STATE_DIR, HF_HOME, LIMITS, LIB_DIR, HOSTLIB], units=["chrony.service"]
+        host,
+        paths=["/etc/gemmaserve", STATE_DIR, HF_HOME, LIMITS, LIB_DIR, *program_paths("base")],
+        units=["chrony.service"],
     )
     if virt == "none":
         managed_service(name="Run chrony for time sync", service="chrony.service", current=now.unit("chrony.service"))
@@ -126,11 +128,6 @@ def base() -> None:
         current=now.path(LIMITS),
         content=f"gemmaserve soft nofile {settings.nofile}\ngemmaserve hard nofile {settings.nofile}\n",
     )
-    # What every role's host programs import beside themselves: here, before any other role installs one.
-    managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
-    managed_file(
-        name="Install hostlib.py (what host programs share)",
-        dest=HOSTLIB,
-        content=program_source("_lib", "hostlib.py"),
-        current=now.path(HOSTLIB),
-    )
+    # What other roles' host programs import or run beside themselves (hostlib, gcs_json, secret_fetch), once,
+    # before any of them installs a program.
+    install_programs("base", now)

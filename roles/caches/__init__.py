@@ -13,8 +13,8 @@ from pyinfra.operations import server, systemd
 
 from gemmaserve.plan import SHM_CACHE_ROOT, STATE_DIR, Plan
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_directory, managed_file, managed_service
-from roles._lib.programs import STORAGE_EMULATOR_KEY, installed_path, program_source
+from roles._lib.managed import install_programs, managed_directory, managed_file, managed_service
+from roles._lib.programs import LIB_DIR, STORAGE_EMULATOR_KEY, installed_path
 from roles._lib.render import render
 from roles._lib.settings import GcsUri, RoleSettings, SystemdTimespan
 
@@ -59,12 +59,12 @@ def cache_args(serving: Plan, settings: Settings) -> str:
 @deploy("Keep compile caches across restarts", data_defaults=Settings.defaults())
 def caches(serving: Plan) -> None:
     settings = Settings.from_host(host)
-    script, gcs_json = installed_path("compile_cache.py"), installed_path("gcs_json.py")
+    script = installed_path("compile_cache.py")
     unit_paths = {unit: f"/etc/systemd/system/{unit}" for unit in UNITS}
     remote = cache_bucket(serving, settings)
     now = HostState(
         host,
-        paths=[TMPFILES_CONF, DISK_ROOT, script, gcs_json, *unit_paths.values()],
+        paths=[TMPFILES_CONF, DISK_ROOT, LIB_DIR, script, *unit_paths.values()],
         units=[RESTORE_UNIT, "gemmaserve-cache-save.timer"],
     )
     tmpfiles = managed_file(
@@ -79,18 +79,8 @@ def caches(serving: Plan) -> None:
         _if=tmpfiles.did_change,
     )
     managed_directory(name=f"Create {DISK_ROOT}", path=DISK_ROOT, current=now.path(DISK_ROOT), mode="0750")
-    managed_file(
-        name="Install the compile cache tool",
-        dest=script,
-        content=program_source("caches", "compile_cache.py"),
-        current=now.path(script),
-    )
-    managed_file(
-        name="Install the Cloud Storage client the cache tool uses",
-        dest=gcs_json,
-        content=program_source("_lib", "gcs_json.py"),
-        current=now.path(gcs_json),
-    )
+    # Beside the Cloud Storage client (gcs_json.py) the base role installed.
+    install_programs("caches", now)
     emulator = host.data.get(STORAGE_EMULATOR_KEY)
     context = {
         "environment": {"STORAGE_EMULATOR_HOST": emulator} if remote and emulator else {},

@@ -11,8 +11,8 @@ from pyinfra.facts.server import Command
 from pyinfra.operations import systemd
 
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_directory, managed_file, managed_service
-from roles._lib.programs import LIB_DIR, installed_path, program_source
+from roles._lib.managed import install_programs, managed_file, managed_service
+from roles._lib.programs import LIB_DIR, installed_path
 from roles._lib.render import render
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -96,13 +96,7 @@ def install_tpu_exporter(accelerator: str, listen: str, tpu_info_version: str) -
         venv=venv,
         version=tpu_info_version,
     )
-    managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
-    code = managed_file(
-        name="Install the TPU metrics exporter",
-        dest=program,
-        content=program_source("monitoring", PROGRAM),
-        current=now.path(program),
-    )
+    code = install_programs("monitoring", now)[PROGRAM]
     unit = managed_file(
         name=f"Install {UNIT}",
         dest=UNIT_PATH,

@@ -21,8 +21,8 @@ from gemmaserve.plan import Plan
 from roles._lib.apt import APT_GET, install_packages, installed_version, upstream_version
 from roles._lib.distro import distro_name
 from roles._lib.facts import HostState
-from roles._lib.managed import driver_daemons, managed_directory, managed_file, managed_service
-from roles._lib.programs import GPU_PREFLIGHT, LIB_DIR, program_source
+from roles._lib.managed import driver_daemons, install_programs, managed_directory, managed_file, managed_service
+from roles._lib.programs import GPU_PREFLIGHT, LIB_DIR
 from roles._lib.reboot import allow_reboot, reboot_for
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings, matching
@@ -449,13 +449,7 @@ def _host_files(gpu_count: int) -> None:
         content=needrestart_conf(),
         current=now.path(NEEDRESTART_CONF),
     )
-    managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
-    managed_file(
-        name="Install the GPU preflight",
-        dest=GPU_PREFLIGHT,
-        content=program_source("nvidia", "gpu_preflight.py"),
-        current=now.path(GPU_PREFLIGHT),
-    )
+    install_programs("nvidia", now)
 
 
 def _start_driver_services(with_fabric: bool) -> None:

@@ -17,8 +17,8 @@ from pyinfra.operations import systemd
 from gemmaserve.plan import Plan
 from gemmaserve.sources import capacity_from_host_data
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_absent, managed_file, managed_service
-from roles._lib.programs import HAPROXY_ADMIN, installed_path, program_source
+from roles._lib.managed import base_programs_changed, install_programs, managed_absent, managed_file, managed_service
+from roles._lib.programs import HAPROXY_ADMIN, LIB_DIR, installed_path
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings, Url
 
@@ -53,7 +53,7 @@ def unit_text(settings: Settings) -> str:
 def preemption(serving: Plan) -> None:
     capacity = capacity_from_host_data(host.data.dict(), host.name)
     settings = Settings.from_host(host)
-    now = HostState(host, paths=[SCRIPT, UNIT_PATH], units=[UNIT])
+    now = HostState(host, paths=[LIB_DIR, SCRIPT, UNIT_PATH], units=[UNIT])
     if not capacity.preemptible:
         managed_service(
             name=f"Stop {UNIT} ({capacity.provisioning} {capacity.kind}: no preemption notices)",
@@ -67,22 +67,18 @@ def preemption(serving: Plan) -> None:
         ]
         systemd.daemon_reload(name="Reload systemd units", _if=lambda: any(op.did_change() for op in removed))
         return
-    script = managed_file(
-        name="Install the preemption drain",
-        dest=SCRIPT,
-        content=program_source("preemption", "preemption_drain.py"),
-        current=now.path(SCRIPT),
-    )
+    script = install_programs("preemption", now)["preemption_drain.py"]
+    shared_changed = base_programs_changed()
     unit = managed_file(
         name=f"Install {UNIT}", dest=UNIT_PATH, content=unit_text(settings), current=now.path(UNIT_PATH)
     )
     systemd.service(
-        name=f"Restart {UNIT} with its new program or settings",
+        name=f"Restart {UNIT} with its new program, what it imports, or settings",
         service=UNIT,
         running=True,
         restarted=True,
         enabled=True,
         daemon_reload=True,
-        _if=lambda: script.did_change() or unit.did_change(),
+        _if=lambda: script.did_change() or unit.did_change() or shared_changed(),
     )
     managed_service(name=f"Keep {UNIT} running", service=UNIT, current=now.unit(UNIT))

@@ -15,7 +15,7 @@ from pyinfra.operations import files, server, systemd
 
 from gemmaserve.plan import CONTAINER_RUNTIME, SHM_CACHE_ROOT, STATE_DIR, Plan, ReplicaPlan
 from roles._lib.facts import HostState, PathState
-from roles._lib.managed import managed_directory, managed_file, managed_service, same_content
+from roles._lib.managed import install_programs, managed_directory, managed_file, managed_service, same_content
 from roles._lib.programs import (
     ARGCHECK,
     GPU_PREFLIGHT,
@@ -23,7 +23,6 @@ from roles._lib.programs import (
     LIB_DIR,
     STORAGE_EMULATOR_KEY,
     installed_path,
-    program_source,
 )
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings
@@ -308,6 +307,7 @@ def replicas(serving: Plan) -> None:
         paths=[
             UNIT_PATH,
             TARGET_PATH,
+            LIB_DIR,
             READY,
             *(env_path(r.index) for r in serving.replicas),
             *container_envs.values(),
@@ -316,12 +316,8 @@ def replicas(serving: Plan) -> None:
         ],
         units=["gemmaserve.target", *names],
     )
-    managed_file(
-        name="Install the readiness reporter (loading / compiling / ready)",
-        dest=READY,
-        content=program_source("replicas", "replica_ready.py"),
-        current=now.path(READY),
-    )
+    # The readiness reporter (loading / compiling / ready).
+    install_programs("replicas", now)
     unit_text = render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, settings))
     # First vLLM's own parser, inside the engine the new unit will run (the venv or the pinned image),
     # for every replica whose flags or engine change: a rejected flag or an engine that cannot run at

@@ -16,8 +16,8 @@ from pyinfra.operations import server, systemd
 from gemmaserve.plan import ROUTE_KEY_HEADER, AccessPlan, FleetPlan, Plan, RoutingPlan
 from roles._lib.apt import install_packages
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_directory, managed_file, managed_service
-from roles._lib.programs import HAPROXY_ADMIN, LIB_DIR, program_source
+from roles._lib.managed import install_programs, managed_directory, managed_file, managed_service
+from roles._lib.programs import HAPROXY_ADMIN, LIB_DIR
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings
 
@@ -188,13 +188,7 @@ def router(serving: Plan, fleet: FleetPlan | None = None) -> None:
         paths=[LIB_DIR, HAPROXY_ADMIN, staged_path, *units, DROP_IN.rsplit("/", 1)[0]],
         units=["haproxy.service", DRAIN_UNIT],
     )
-    managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
-    managed_file(
-        name="Install haproxy_admin.py",
-        dest=HAPROXY_ADMIN,
-        content=program_source("router", "haproxy_admin.py"),
-        current=now.path(HAPROXY_ADMIN),
-    )
+    install_programs("router", now)
     staged = managed_file(
         name="Render the HAProxy config",
         dest=staged_path,

@@ -13,8 +13,8 @@ from pyinfra.operations import systemd
 
 from gemmaserve.plan import TOKEN_RUNTIME_PATH, Plan
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_file, managed_secret
-from roles._lib.programs import installed_path, program_source
+from roles._lib.managed import managed_file, managed_secret, require_base
+from roles._lib.programs import installed_path
 from roles._lib.render import render
 from roles._lib.settings import LocalFile, RoleSettings
 
@@ -60,14 +60,10 @@ def _file_source(path: str, settings: Settings) -> None:
 
 
 def _secret_manager_source(secret: str) -> None:
+    # The Secret Manager fetcher the unit runs is the base role's.
+    require_base("secrets")
     script, unit_path = installed_path("secret_fetch.py"), f"/etc/systemd/system/{FETCH_UNIT}"
-    now = HostState(host, paths=[script, unit_path])
-    managed_file(
-        name="Install the Secret Manager token fetcher",
-        dest=script,
-        content=program_source("_lib", "secret_fetch.py"),
-        current=now.path(script),
-    )
+    now = HostState(host, paths=[unit_path])
     unit = managed_file(
         name=f"Install {FETCH_UNIT}",
         dest=unit_path,

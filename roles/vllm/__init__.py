@@ -15,11 +15,10 @@ from pyinfra.operations import files, server
 from gemmaserve.plan import CHAT_TEMPLATE_PATH, CONTAINER_RUNTIME, VENV_ROOT, EnginePlan, Plan
 from roles._lib.apt import install_packages
 from roles._lib.facts import HostState, PathState
-from roles._lib.managed import managed_directory, managed_file, managed_service
+from roles._lib.managed import install_programs, managed_directory, managed_file, managed_service, program_paths
 from roles._lib.programs import LIB_DIR, installed_path, program_source
 from roles._lib.settings import HostPath, LocalFile, Release, RoleSettings, Sha256
 
-PROGRAMS = ("vllm_cpu.py", "vllm_argcheck.py")
 UV_VENV = "/opt/gemmaserve/uv"
 # vLLM's ROCm docs warn that the installer "will silently fall back to the CUDA wheel from PyPI"
 # (gpu.rocm.inc.md at v0.32.0): the staged venv must hold a HIP build of torch before it is moved in.
@@ -67,11 +66,8 @@ def installed_vllm_version(venv: str) -> str | None:
 def vllm(serving: Plan) -> None:
     settings = Settings.from_host(host)
     engine = serving.engine
-    programs = {name: installed_path(name) for name in PROGRAMS}
-    now = HostState(host, paths=[LIB_DIR, *programs.values(), CHAT_TEMPLATE_PATH])
-    managed_directory(name="Create the gemmaserve library directory", path=LIB_DIR, current=now.path(LIB_DIR))
-    for name, dest in programs.items():
-        managed_file(name=f"Install {name}", dest=dest, content=program_source("vllm", name), current=now.path(dest))
+    now = HostState(host, paths=[LIB_DIR, *program_paths("vllm"), CHAT_TEMPLATE_PATH])
+    install_programs("vllm", now)
     if (
         engine.kind == "wheel"
         and engine.package == "vllm-cpu"

@@ -14,8 +14,8 @@ from pyinfra.operations import systemd
 
 from gemmaserve.plan import HF_HOME, STATE_DIR, WEIGHTS_DIR, Plan
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_directory, managed_file, managed_service
-from roles._lib.programs import STORAGE_EMULATOR_KEY, installed_path, program_source
+from roles._lib.managed import install_programs, managed_directory, managed_file, managed_service
+from roles._lib.programs import LIB_DIR, STORAGE_EMULATOR_KEY, installed_path
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings
 
@@ -23,7 +23,6 @@ TEMPLATES = Path(__file__).parent / "templates"
 UNIT = "gemmaserve-weights.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 PULL = installed_path("weights_pull.py")
-GCS_JSON = installed_path("gcs_json.py")
 
 
 class Settings(RoleSettings):
@@ -124,7 +123,7 @@ def weights(serving: Plan) -> None:
     emulator = host.data.get(STORAGE_EMULATOR_KEY)
     paths = [WEIGHTS_DIR, UNIT_PATH]
     if serving.weights.mode == "pull":
-        paths += [PULL, GCS_JSON]
+        paths += [LIB_DIR, PULL]
     now = HostState(host, paths=paths, units=[UNIT])
     managed_directory(
         name=f"Create {WEIGHTS_DIR}",
@@ -135,13 +134,8 @@ def weights(serving: Plan) -> None:
         mode="0755",
     )
     if serving.weights.mode == "pull":
-        for name, role in (("weights_pull.py", "weights"), ("gcs_json.py", "_lib")):
-            managed_file(
-                name=f"Install {name}",
-                dest=installed_path(name),
-                content=program_source(role, name),
-                current=now.path(installed_path(name)),
-            )
+        # Beside the gcs_json.py and hostlib.py the base role installed.
+        install_programs("weights", now)
     unit = managed_file(
         name=f"Install {UNIT}",
         dest=UNIT_PATH,

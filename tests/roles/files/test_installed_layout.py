@@ -1,6 +1,7 @@
-"""Host programs import the shared ones of roles/_lib/files by name, as the roles install them together in
-/opt/gemmaserve/lib and the units run them (`/usr/bin/python3 /opt/gemmaserve/lib/<program>.py`): Python puts
-the script's own directory first on sys.path, so no program edits it."""
+"""Host programs import the shared ones of roles/_lib/files by name, as the base role installs them in
+/opt/gemmaserve/lib before any other role installs a program there and the units run them
+(`/usr/bin/python3 /opt/gemmaserve/lib/<program>.py`): Python puts the script's own directory first on sys.path,
+so no program edits it. Each importer starts from a copy holding only itself and what the base role installs."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from roles._lib.programs import ROLES
+from roles._lib.programs import INSTALLS, ROLES, source_of
 
-SHARED = sorted((ROLES / "_lib" / "files").glob("*.py"))
+# What the base role installs (roles/_lib/programs.INSTALLS), nothing else.
+SHARED = [source_of("base", name) for name in INSTALLS["base"]]
 
 
 def imported(path: Path) -> set[str]:
