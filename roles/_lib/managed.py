@@ -118,6 +118,39 @@ def managed_absent(path: str, current: PathState):
     yield from files.file._inner(path=path, present=False)
 
 
+def managed_unit(
+    unit: str,
+    content: str,
+    now: HostState,
+    restart_with: tuple = (),
+    running: bool | None = True,
+    enabled: bool | None = True,
+):
+    """The "install a program's unit, restart it if anything changed" shape of the roles, in one place:
+    /etc/systemd/system/`unit` holds `content` (its path and the unit read in `now`); a running unit restarts,
+    systemd reloaded, when its file or anything in `restart_with` changed (checks such as `op.did_change` of the
+    program it runs); otherwise systemd reloads when the file changed. Then managed_service keeps it `running` /
+    `enabled`. Returns the unit file's operation."""
+    path = f"/etc/systemd/system/{unit}"
+    installed = managed_file(name=f"Install {unit}", dest=path, content=content, current=now.path(path))
+    checks = (installed.did_change, *restart_with)
+    if running:
+        systemd.service(
+            name=f"Restart {unit} with its new unit or program",
+            service=unit,
+            running=True,
+            restarted=True,
+            enabled=enabled,
+            daemon_reload=True,
+            _if=lambda: any(check() for check in checks),
+        )
+    else:
+        systemd.daemon_reload(name=f"Reload systemd units for {unit}", _if=installed.did_change)
+    state = "running" if running else "enabled" if enabled else "in place"
+    managed_service(name=f"Keep {unit} {state}", service=unit, current=now.unit(unit), running=running, enabled=enabled)
+    return installed
+
+
 def driver_daemons(services: list[str] | tuple[str, ...], driver_loaded: bool) -> None:
     """Enable a driver's daemons, and run them only once the driver is loaded: before the reboot into a new
     driver (pending, or not allowed) they cannot start, so they are enabled for the next boot."""

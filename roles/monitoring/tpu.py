@@ -8,10 +8,9 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.facts.server import Command
-from pyinfra.operations import systemd
 
 from roles._lib.facts import HostState
-from roles._lib.managed import install_programs, managed_file, managed_service
+from roles._lib.managed import install_programs, managed_unit
 from roles._lib.programs import LIB_DIR, installed_path
 from roles._lib.render import render
 
@@ -97,18 +96,4 @@ def install_tpu_exporter(accelerator: str, listen: str, tpu_info_version: str) -
         version=tpu_info_version,
     )
     code = install_programs("monitoring", now)[PROGRAM]
-    unit = managed_file(
-        name=f"Install {UNIT}",
-        dest=UNIT_PATH,
-        content=exporter_unit(accelerator, listen, tpu_info_version),
-        current=now.path(UNIT_PATH),
-    )
-    systemd.daemon_reload(name="Reload systemd units", _if=unit.did_change)
-    systemd.service(
-        name="Restart the TPU metrics exporter",
-        service=UNIT,
-        running=True,
-        restarted=True,
-        _if=lambda: unit.did_change() or code.did_change(),
-    )
-    managed_service(name="Keep the TPU metrics exporter running", service=UNIT, current=now.unit(UNIT))
+    managed_unit(UNIT, exporter_unit(accelerator, listen, tpu_info_version), now, restart_with=(code.did_change,))

@@ -17,7 +17,7 @@ from pyinfra.operations import systemd
 from gemmaserve.plan import Plan
 from gemmaserve.sources import capacity_from_host_data
 from roles._lib.facts import HostState
-from roles._lib.managed import base_programs_changed, install_programs, managed_absent, managed_file, managed_service
+from roles._lib.managed import base_programs_changed, install_programs, managed_absent, managed_service, managed_unit
 from roles._lib.programs import HAPROXY_ADMIN, LIB_DIR, installed_path
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings, Url
@@ -68,17 +68,5 @@ def preemption(serving: Plan) -> None:
         systemd.daemon_reload(name="Reload systemd units", _if=lambda: any(op.did_change() for op in removed))
         return
     script = install_programs("preemption", now)["preemption_drain.py"]
-    shared_changed = base_programs_changed()
-    unit = managed_file(
-        name=f"Install {UNIT}", dest=UNIT_PATH, content=unit_text(settings), current=now.path(UNIT_PATH)
-    )
-    systemd.service(
-        name=f"Restart {UNIT} with its new program, what it imports, or settings",
-        service=UNIT,
-        running=True,
-        restarted=True,
-        enabled=True,
-        daemon_reload=True,
-        _if=lambda: script.did_change() or unit.did_change() or shared_changed(),
-    )
-    managed_service(name=f"Keep {UNIT} running", service=UNIT, current=now.unit(UNIT))
+    # A new program, settings, or hostlib.py it imports (the base role's).
+    managed_unit(UNIT, unit_text(settings), now, restart_with=(script.did_change, base_programs_changed()))

@@ -9,11 +9,10 @@ from pathlib import Path
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
-from pyinfra.operations import systemd
 
 from gemmaserve.plan import TOKEN_RUNTIME_PATH, Plan
 from roles._lib.facts import HostState
-from roles._lib.managed import managed_file, managed_secret, require_base
+from roles._lib.managed import managed_secret, managed_unit, require_base
 from roles._lib.programs import installed_path
 from roles._lib.render import render
 from roles._lib.settings import LocalFile, RoleSettings
@@ -63,18 +62,7 @@ def _secret_manager_source(secret: str) -> None:
     # The Secret Manager fetcher the unit runs is the base role's.
     require_base("secrets")
     script, unit_path = installed_path("secret_fetch.py"), f"/etc/systemd/system/{FETCH_UNIT}"
-    now = HostState(host, paths=[unit_path])
-    unit = managed_file(
-        name=f"Install {FETCH_UNIT}",
-        dest=unit_path,
-        content=render(TEMPLATES / f"{FETCH_UNIT}.j2", script=script, secret=secret, out=TOKEN_RUNTIME_PATH),
-        current=now.path(unit_path),
-    )
-    systemd.service(
-        name=f"Enable {FETCH_UNIT}",
-        service=FETCH_UNIT,
-        enabled=True,
-        running=None,
-        daemon_reload=True,
-        _if=unit.did_change,
-    )
+    now = HostState(host, paths=[unit_path], units=[FETCH_UNIT])
+    # Enabled: it runs at boot, before the replicas (and the weights unit that needs the token).
+    content = render(TEMPLATES / f"{FETCH_UNIT}.j2", script=script, secret=secret, out=TOKEN_RUNTIME_PATH)
+    managed_unit(FETCH_UNIT, content, now, running=None)

@@ -10,11 +10,10 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, deploy, operation
-from pyinfra.operations import systemd
 
 from gemmaserve.plan import HF_HOME, STATE_DIR, WEIGHTS_DIR, Plan
 from roles._lib.facts import HostState
-from roles._lib.managed import install_programs, managed_directory, managed_file, managed_service
+from roles._lib.managed import install_programs, managed_directory, managed_unit
 from roles._lib.programs import LIB_DIR, STORAGE_EMULATOR_KEY, installed_path
 from roles._lib.render import render
 from roles._lib.settings import RoleSettings
@@ -136,14 +135,8 @@ def weights(serving: Plan) -> None:
     if serving.weights.mode == "pull":
         # Beside the gcs_json.py and hostlib.py the base role installed.
         install_programs("weights", now)
-    unit = managed_file(
-        name=f"Install {UNIT}",
-        dest=UNIT_PATH,
-        content=render(TEMPLATES / f"{UNIT}.j2", **unit_context(serving, settings, emulator)),
-        current=now.path(UNIT_PATH),
-    )
-    systemd.daemon_reload(name=f"Reload systemd units for {UNIT}", _if=unit.did_change)
-    managed_service(name=f"Enable {UNIT}", service=UNIT, current=now.unit(UNIT), running=None)
+    # Run by fetch_before_replicas below (and at boot, before the replicas), never restarted here.
+    managed_unit(UNIT, render(TEMPLATES / f"{UNIT}.j2", **unit_context(serving, settings, emulator)), now, running=None)
     checked = ""
     if serving.weights.mode == "pull":
         # Every deploy checks the mirror as this host sees it (a fact: no change when all is well), so a
