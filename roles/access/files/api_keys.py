@@ -33,7 +33,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 # Installed beside this program by the base role (roles/_lib/files/hostlib.py): the map file is written
 # atomically, so HAProxy or a reader never sees half a file.
@@ -108,7 +108,8 @@ def add_entry(entries: list[Entry], key_id: str, digest: str, created: str | Non
         raise StoreError(f"key id {key_id!r} exists; revoke it first or choose another id")
     if any(e.digest == digest for e in entries):
         raise StoreError("that key is already in the store (under another id)")
-    stamp = created or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # timezone.utc, not 3.11's datetime.UTC: hosts run /usr/bin/python3, 3.10 on Ubuntu 22.04.
+    stamp = created or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: UP017
     return [*entries, Entry(key_id, digest, stamp)]
 
 
