@@ -1,4 +1,5 @@
-"""Checkpoints users bring, built from the tiny Gemma 4 TEST model: a fine-tune, an INT8 W8A8 quantization, a LoRA adapter."""
+"""Checkpoints users bring, built from the tiny Gemma 4 TEST model: a fine-tune, INT8 W8A8 and AWQ quantizations, a LoRA
+adapter."""
 
 # Like tiny_model.py this runs under the vLLM CPU venv's python (stdlib + torch + safetensors, no gemmaserve
 # imports); called from an interpreter without torch, it re-executes itself there. Each variant is derived from
@@ -22,9 +23,10 @@ WEIGHTS = "model.safetensors"
 
 # fine-tune: the same architecture and files, every language-model weight moved (a stand-in for training).
 # w8a8: compressed-tensors INT8 W8A8 (int8 per-channel weights, dynamic per-token int8 activations).
+# awq: AWQ 4-bit weights (GEMM packing, zero points, groups of AWQ_GROUP_SIZE), 16-bit activations.
 # lora: a PEFT LoRA adapter on every language-model projection.
-VARIANTS = ("fine-tune", "w8a8", "lora")
-SEEDS = {"fine-tune": 1, "w8a8": 0, "lora": 2}
+VARIANTS = ("fine-tune", "w8a8", "awq", "lora")
+SEEDS = {"fine-tune": 1, "w8a8": 0, "awq": 0, "lora": 2}
 
 # The language model's linear layers, as the Hugging Face checkpoint names them (transformers' Gemma4TextAttention
 # and Gemma4TextMLP); vLLM 0.32.0's gemma4.py packs q/k/v into qkv_proj and gate/up into gate_up_proj.
@@ -88,6 +90,24 @@ W8A8_QUANTIZATION_CONFIG = {
     "kv_cache_scheme": None,
     "sparsity_config": {},
     "transform_config": {},
+}
+
+# AWQ as AutoAWQ's GEMM format writes it (https://github.com/casper-hansen/AutoAWQ, awq/modules/linear/gemm.py
+# WQLinear_GEMM.from_linear at v0.2.9): per quantized Linear, `qweight` int32 [in, out / 8] and `qzeros` int32
+# [in / group, out / 8], eight 4-bit values a word with column 8j + AWQ_PACK_ORDER[i] in bits 4i..4i+3, and `scales`
+# float16 [in / group, out]; w = (q - zero) * scale. vLLM 0.32.0 reads it with AutoAWQConfig (quantization/auto_awq.py,
+# whose _REVERSE_AWQ_PACK_ORDER undoes this order) and, on the CPU build, detects it as plain "awq" (auto_awq.py
+# override_quantization_method returns None on CPU) and runs it with CPUWNA16LinearKernel
+# (kernels/linear/mixed_precision/cpu.py: in and out sizes multiples of 32, even group sizes: the tiny model's are).
+AWQ_GROUP_SIZE = 32
+AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+AWQ_QUANTIZATION_CONFIG = {
+    "quant_method": "awq",
+    "bits": 4,
+    "group_size": AWQ_GROUP_SIZE,
+    "zero_point": True,
+    "version": "gemm",
+    "modules_to_not_convert": ["vision_tower", "embed_vision"],
 }
 
 README = """# {name}
@@ -176,16 +196,23 @@ def _build(variant: str, base: Path, out: Path, log: Log) -> Path:
         if variant == "fine-tune":
             tensors = _fine_tune(weights, generator)
             log(f"fine-tune: {sum(1 for k in tensors if _is_language(k))} language-model tensors moved")
-        else:
+        elif variant == "w8a8":
             tensors = _w8a8(weights)
             config["quantization_config"] = W8A8_QUANTIZATION_CONFIG
             quantized = sum(1 for k in tensors if k.endswith(".weight_scale"))
             log(f"w8a8: {quantized} linear layers to int8 with per-channel scales")
+        else:
+            tensors = _awq(weights)
+            config["quantization_config"] = AWQ_QUANTIZATION_CONFIG
+            quantized = sum(1 for k in tensors if k.endswith(".qweight"))
+            log(f"awq: {quantized} linear layers to 4 bits in groups of {AWQ_GROUP_SIZE} with zero points")
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, out / WEIGHTS, metadata={"format": "pt"})
-    what = {"fine-tune": " (a fine-tune)", "w8a8": " (INT8 W8A8)", "lora": "'s LoRA adapter"}[variant]
-    kind = {"fine-tune": "a fine-tune", "w8a8": "a quantized checkpoint", "lora": "a LoRA adapter"}[variant]
-    (out / "README.md").write_text(README.format(name=out.name.removesuffix(".building"), what=what, kind=kind))
+    what = {"fine-tune": " (a fine-tune)", "w8a8": " (INT8 W8A8)", "awq": " (AWQ 4-bit)", "lora": "'s LoRA adapter"}
+    kind = {"lora": "a LoRA adapter", "fine-tune": "a fine-tune"}.get(variant, "a quantized checkpoint")
+    (out / "README.md").write_text(
+        README.format(name=out.name.removesuffix(".building"), what=what[variant], kind=kind)
+    )
     base_stamp = json.loads((base / STAMP).read_text()) if (base / STAMP).is_file() else {}
     (out / STAMP).write_text(
         json.dumps(
@@ -250,6 +277,40 @@ def _w8a8(weights: dict) -> dict:
         scale = (values.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
         out[name] = torch.round(values / scale).clamp(-128, 127).to(torch.int8).contiguous()
         out[name.removesuffix(".weight") + ".weight_scale"] = scale.contiguous()
+    return out
+
+
+def _awq_pack(values):
+    """[rows, cols] of 4-bit values -> int32 [rows, cols / 8] in AWQ's order (AWQ_PACK_ORDER)."""
+    import torch
+
+    packed = torch.zeros((values.shape[0], values.shape[1] // 8), dtype=torch.int64)
+    for nibble, column in enumerate(AWQ_PACK_ORDER):
+        packed |= values[:, column::8].to(torch.int64) << (4 * nibble)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)  # the same 32 bits, signed
+
+
+def _awq(weights: dict) -> dict:
+    import torch
+
+    out = {}
+    for name in sorted(weights):
+        tensor = weights[name]
+        if not _is_language_linear(name):
+            out[name] = tensor.contiguous()
+            continue
+        values = tensor.float().t()  # [in, out], as AWQ stores it
+        rows, cols = values.shape
+        groups = values.reshape(rows // AWQ_GROUP_SIZE, AWQ_GROUP_SIZE, cols)
+        # Asymmetric min-max per group and output column: scale = (max - min) / 15, zero = round(-min / scale).
+        low, high = groups.amin(dim=1), groups.amax(dim=1)
+        scale = ((high - low) / 15).clamp(min=1e-8)
+        zero = torch.round(-low / scale).clamp(0, 15)
+        quantized = torch.round(groups / scale[:, None, :] + zero[:, None, :]).clamp(0, 15).reshape(rows, cols)
+        module = name.removesuffix(".weight")
+        out[f"{module}.qweight"] = _awq_pack(quantized).contiguous()
+        out[f"{module}.qzeros"] = _awq_pack(zero).contiguous()
+        out[f"{module}.scales"] = scale.to(torch.float16).contiguous()
     return out
 
 

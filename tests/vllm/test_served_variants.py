@@ -1,5 +1,6 @@
 """The checkpoints users bring, served for real by vLLM's CPU build from gemmaserve's plan: a fine-tune of the tiny
-test model under its own name with a LoRA adapter beside it, and an INT8 W8A8 (compressed-tensors) quantization.
+test model under its own name with a LoRA adapter beside it, an INT8 W8A8 (compressed-tensors) and an AWQ 4-bit
+quantization. vLLM's own code first judges that the quantized weights decode to the model's.
 
 Each server runs exactly the plan's argv and environment (the venv's bin first on PATH, so the plan's `vllm` is the
 venv's), bound to 127.0.0.1 on a free port, one at a time, stopped by its recorded PID; the OpenAI SDK asks it.
@@ -30,7 +31,25 @@ from gemmaserve.sources import spec_from_host_data
 
 pytestmark = pytest.mark.vllm
 
-FINE_TUNE, QUANTIZED, ADAPTER = "tiny-gemma4-ft", "tiny-gemma4-w8a8", "tiny-gemma4-lora"
+FINE_TUNE, ADAPTER = "tiny-gemma4-ft", "tiny-gemma4-lora"
+# Each quantized variant: its directory, what the plan reads from it, vLLM's method in its engine config line and the
+# kernel its CPU build logs choosing (compressed-tensors: kernels/linear/__init__.py; AWQ: auto_awq.py).
+QUANTIZED = {
+    "w8a8": (
+        "tiny-gemma4-w8a8",
+        "compressed-tensors",
+        "int8-w8a8",
+        "compressed-tensors",
+        ("Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8"),
+    ),
+    "awq": (
+        "tiny-gemma4-awq",
+        "auto_awq",
+        "int4-w4a16",
+        "awq",
+        "Using CPUWNA16LinearKernel for AutoAWQMarlinLinearMethod",
+    ),
+}
 # Seconds a server may take to answer /health (about 40 s alone on 2 cores; more beside other tests) and to stop.
 START_TIMEOUT = 300
 STOP_TIMEOUT = 60
@@ -47,7 +66,8 @@ def variants(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         build_tiny_model(TINY_MODEL_DIR)
     root = TINY_MODEL_DIR.parent if os.access(TINY_MODEL_DIR.parent, os.W_OK) else tmp_path_factory.mktemp("variants")
     built = {}
-    for variant, name in (("fine-tune", FINE_TUNE), ("w8a8", QUANTIZED), ("lora", ADAPTER)):
+    names = {"fine-tune": FINE_TUNE, "lora": ADAPTER, **{variant: q[0] for variant, q in QUANTIZED.items()}}
+    for variant, name in names.items():
         start = time.perf_counter()
         built[name], fresh = ensure_variant(variant, TINY_MODEL_DIR, root / name, log=lambda line: print(f"    {line}"))
         if fresh:
@@ -111,19 +131,19 @@ def serving(replica: ReplicaPlan, vllm_python: Path, log_path: Path) -> Iterator
 
 
 def stop(server: subprocess.Popen) -> None:
+    """SIGTERM to the server's PID (it stops its engine core itself), SIGKILL to its group past STOP_TIMEOUT; then
+    whatever is left in the group it leads (nothing, normally)."""
     if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
+        server.send_signal(signal.SIGTERM)
         try:
             server.wait(STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(STOP_TIMEOUT)
-    else:
-        # The server is gone; anything left in its group (the engine core) goes with it.
-        try:
-            os.killpg(server.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    try:
+        os.killpg(server.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def log_tail(path: Path, lines: int = 60) -> str:
@@ -183,25 +203,80 @@ def test_fine_tune_and_its_lora_adapter_are_served_under_their_own_names(
     assert kv_cache_tokens(tmp_path / "vllm.log") == replica.capacity.kv_cache_tokens
 
 
-def test_int8_w8a8_checkpoint_is_served_quantized(variants: dict[str, Path], vllm_python: Path, tmp_path: Path) -> None:
-    planned = served_plan(variants[QUANTIZED])
+@pytest.mark.parametrize("variant", list(QUANTIZED))
+def test_quantized_checkpoint_is_served_quantized(
+    variant: str, variants: dict[str, Path], vllm_python: Path, tmp_path: Path
+) -> None:
+    name, method, scheme, vllm_method, kernel_line = QUANTIZED[variant]
+    planned = served_plan(variants[name])
     replica = planned.replicas[0]
     assert planned.quantization is not None
-    assert (planned.quantization.method, planned.quantization.scheme) == ("compressed-tensors", "int8-w8a8")
-    # The plan counts the int8 weights at one byte each: below the 16-bit fine-tune of the same architecture.
+    assert (planned.quantization.method, planned.quantization.scheme) == (method, scheme)
+    # The plan counts the packed weights: fewer bytes than the 16-bit fine-tune of the same architecture.
     assert planned.model.checkpoint_bytes < served_plan(variants[FINE_TUNE]).model.checkpoint_bytes
     with serving(replica, vllm_python, tmp_path / "vllm.log") as ready:
-        print(f"[figure] INT8 W8A8 (compressed-tensors): vLLM CPU ready in {ready:.1f} s")
-        assert served_models(replica) == {QUANTIZED}
+        print(f"[figure] {name} ({method} {scheme}): vLLM CPU ready in {ready:.1f} s")
+        assert served_models(replica) == {name}
         for turn in range(2):
-            status, answer, seconds = ask(replica, QUANTIZED)
-            print(f"[figure] {QUANTIZED}: chat completion of 8 tokens in {seconds:.2f} s ({ORDINALS[turn]} request)")
-            assert status == 200 and answer.model == QUANTIZED and answer.usage.completion_tokens > 0
+            status, answer, seconds = ask(replica, name)
+            print(f"[figure] {name}: chat completion of 8 tokens in {seconds:.2f} s ({ORDINALS[turn]} request)")
+            assert status == 200 and answer.model == name and answer.usage.completion_tokens > 0
     log = (tmp_path / "vllm.log").read_text()
-    # vLLM's engine config line names the method it detected; the kernel line names the CPU int8 GEMM it runs.
-    assert "quantization=compressed-tensors" in log, log_tail(tmp_path / "vllm.log")
-    assert "Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8" in log, log_tail(tmp_path / "vllm.log")
+    # vLLM's engine config line names the method it detected; the kernel line names the CPU GEMM it runs.
+    assert f"quantization={vllm_method}," in log, log_tail(tmp_path / "vllm.log")
+    assert kernel_line in log, log_tail(tmp_path / "vllm.log")
     assert kv_cache_tokens(tmp_path / "vllm.log") == replica.capacity.kv_cache_tokens
+
+
+# vLLM's own decoding of each quantized layer against the tiny model's 16-bit weights: int8 x weight_scale for W8A8;
+# for AWQ, auto_awq._convert_awq_to_standard_format (what the CPU build runs before its kernel) and then the standard
+# layout it produces (qweight packed along the input, qzeros along the output, 4 bits in order). Each decoded weight
+# must be within half a quantization step (and bf16 rounding) of the original.
+DECODE_JUDGE = r"""
+import json, sys, torch
+from safetensors.torch import load_file
+import vllm.model_executor.parameter as parameter
+from vllm.model_executor.layers.quantization.auto_awq import _convert_awq_to_standard_format
+# One rank, without starting vLLM's distributed groups: what the converted parameters ask at construction.
+parameter.get_tensor_model_parallel_rank, parameter.get_tensor_model_parallel_world_size = (lambda: 0), (lambda: 1)
+base, w8a8, awq = (load_file(p + "/model.safetensors") for p in sys.argv[1:4])
+shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+def nibbles(packed, dim):  # packed int32 -> its 4-bit values, unpacked along dim
+    values = (packed.unsqueeze(-1) >> shifts) & 15
+    return values.movedim(-1, dim + 1).flatten(dim, dim + 1) if dim == 0 else values.flatten(1)
+worst = {"w8a8": 0.0, "awq": 0.0}
+for name, weight in base.items():
+    module = name.removesuffix(".weight")
+    weight = weight.float()
+    if module + ".weight_scale" in w8a8:
+        scale = w8a8[module + ".weight_scale"]
+        error = ((w8a8[name].float() * scale - weight).abs() / scale).max().item()
+        worst["w8a8"] = max(worst["w8a8"], error)
+    if module + ".qweight" in awq:
+        layer = torch.nn.Module()
+        layer.qweight = torch.nn.Parameter(awq[module + ".qweight"], requires_grad=False)
+        layer.qzeros = torch.nn.Parameter(awq[module + ".qzeros"], requires_grad=False)
+        _convert_awq_to_standard_format(layer, "qweight", "qzeros", 4)
+        q = nibbles(layer.qweight.data, 0)            # [in, out]
+        zeros = nibbles(layer.qzeros.data, 0).t()      # [groups, out]
+        scales = awq[module + ".scales"].float()       # [groups, out]
+        group = q.shape[0] // scales.shape[0]
+        decoded = (q - zeros.repeat_interleave(group, 0)) * scales.repeat_interleave(group, 0)
+        error = ((decoded - weight.t()).abs() / scales.repeat_interleave(group, 0)).max().item()
+        worst["awq"] = max(worst["awq"], error)
+print(json.dumps(worst))
+"""
+
+
+def test_vllm_decodes_the_quantized_weights_to_the_models(variants: dict[str, Path], vllm_python: Path) -> None:
+    dirs = [TINY_MODEL_DIR, *(variants[QUANTIZED[v][0]] for v in ("w8a8", "awq"))]
+    proc = subprocess.run(
+        [str(vllm_python), "-c", DECODE_JUDGE, *map(str, dirs)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    worst = json.loads(proc.stdout.splitlines()[-1])
+    # Half a step of rounding (measured 0.500 and 0.503); AWQ's float16 scales add a little.
+    assert worst["w8a8"] <= 0.51 and worst["awq"] <= 0.55, worst
 
 
 def test_variants_are_cached_by_recipe(variants: dict[str, Path]) -> None:
