@@ -26,6 +26,7 @@ the sum of the layer pages.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -96,6 +97,15 @@ class KvLayout:
     def min_block_size(self) -> int:
         return min(g.block_size for g in self.groups)
 
+    @property
+    def prefix_cache_block(self) -> int:
+        """Tokens a prefix-cache hit is a multiple of: the least common multiple of the groups' block sizes
+        (vllm/v1/core/kv_cache_utils.py at v0.32.0, `scheduler_block_size = math.lcm(*group_block_sizes)`, logged
+        as "kv lcm block sizes"; an attention-only model's hits align to it, `partial_hash_hits_enabled` being
+        for Mamba states only). Gemma 4's sliding groups get larger blocks than its full-attention group (their
+        pages are unified), so a hit on the CPU backend's 128-token blocks is a multiple of 256 tokens."""
+        return math.lcm(*(g.block_size for g in self.groups))
+
     def blocks_per_request(self, max_model_len: int, in_flight_tokens: int) -> int:
         return sum(g.blocks_per_request(max_model_len, in_flight_tokens) for g in self.groups)
 
@@ -109,6 +119,8 @@ class KvCapacity:
     # vLLM refuses to start when one max_model_len request does not fit ("To serve at least one request").
     fits: bool
     needed_bytes: int
+    # KvLayout.prefix_cache_block: the granularity of prefix-cache hits, in tokens.
+    prefix_cache_block: int = 0
 
     @property
     def available_gib(self) -> float:
@@ -265,6 +277,7 @@ def kv_capacity(
         max_concurrency=concurrency,
         fits=available_bytes > 0 and usable >= needed,
         needed_bytes=needed,
+        prefix_cache_block=layout.prefix_cache_block,
     )
 
 

@@ -251,6 +251,9 @@ class Capacity:
     max_num_batched_tokens: int = 0
     # --max-num-seqs as the engine resolves it: the most requests vLLM runs at once.
     max_num_seqs: int = 0
+    # Tokens a prefix-cache hit is a multiple of (gemmaserve.kv_cache.KvLayout.prefix_cache_block): what a
+    # conversation's next turn can reuse of its previous one, at most.
+    prefix_cache_block: int = 0
 
 
 @dataclass(frozen=True)
@@ -1088,6 +1091,20 @@ def _kv_cache_dtype(spec: Spec, quantization: Quantization | None, refusals: lis
     return quantization.kv_cache_dtype
 
 
+# What vLLM 0.32.0's CPU build was seen serving (docs/checkpoints.md, "Tried on the CPU build"): compressed-tensors INT8
+# W8A8 (CPUInt8ScaledMMLinearKernel, oneDNN or AMX) and AWQ 4-bit (CPUWNA16LinearKernel).
+CPU_SERVED_SCHEMES = {"compressed-tensors": ("int8-w8a8",), "auto_awq": ("int4-w4a16",)}
+# FP8 on the CPU build: its FP8 kernels need AMX tiles (vllm/model_executor/kernels/linear/scaled_mm/cpu.py
+# CPUFp8PerTensorScaledMMLinearKernel.is_supported, v0.32.0); without them the fallback's weight processing calls
+# torch.ops._C.static_scaled_fp8_quant, which the CPU build declares without a kernel (vllm/_custom_ops.py
+# scaled_fp8_quant), and loading fails; seen on an AVX-512 CPU without AMX.
+CPU_FP8 = (
+    "vLLM's CPU build runs FP8 weights only on CPUs with AMX (Sapphire Rapids or newer); elsewhere loading fails in "
+    "torch.ops._C.static_scaled_fp8_quant (vllm/model_executor/kernels/linear/scaled_mm/cpu.py, vllm/_custom_ops.py "
+    "scaled_fp8_quant, v0.32.0)"
+)
+
+
 def _quantization_problems(spec: Spec, quantization: Quantization | None, warnings: list[str]) -> list[str]:
     """Refusals for a quantized checkpoint the accelerator or engine cannot run, each with its source."""
     if quantization is None:
@@ -1118,7 +1135,12 @@ def _quantization_problems(spec: Spec, quantization: Quantization | None, warnin
                 f"{what}: tpu-inference's JAX path quantizes MoE experts only as FP8 W8A8 ({TPU_QUANTIZATION_SOURCE})"
             ]
     elif acc.is_cpu:
-        warnings.append(f"{what}: whether vLLM's CPU build has kernels for it is not checked by gemmaserve")
+        if quantization.scheme in CPU_SERVED_SCHEMES.get(quantization.method, ()):
+            return []  # served by vLLM 0.32.0's CPU build in tests/vllm/test_served_variants.py
+        if "fp8" in quantization.scheme:
+            warnings.append(f"{what}: {CPU_FP8}")
+        else:
+            warnings.append(f"{what}: whether vLLM's CPU build has kernels for it is not checked by gemmaserve")
     return []
 
 
@@ -1293,6 +1315,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
         block_size=chosen.block,
         max_num_batched_tokens=chosen.max_num_batched_tokens,
         max_num_seqs=_engine_max_num_seqs(spec, _release(spec)),
+        prefix_cache_block=chosen.capacity.prefix_cache_block,
     )
     for index in range(replicas):
         devices = [] if acc.is_cpu else list(range(index * tp, (index + 1) * tp))

@@ -219,7 +219,7 @@ def run_multi_turn(
             endpoint,
             serving.model.hf_id,
             workload,
-            serving.replicas[0].capacity.block_size,
+            serving.replicas[0].capacity.prefix_cache_block,
             partial(conversations.read_counters, target, serving, host.name),
             host=host.name,
             policy=serving.routing.policy,

@@ -231,7 +231,8 @@ def run_workload(endpoint: Endpoint, model: str, names: Sequence[str], workload:
 
 def ideal_reuse(turns: Sequence[Turn], block_size: int) -> int:
     """Prompt tokens a prefix cache could serve at best: every answered turn after a conversation's first reuses
-    the previous turn's whole prompt, in whole KV blocks (sum of floor(previous prompt / block) x block)."""
+    the previous turn's whole prompt, in whole blocks of `block_size` tokens (sum of floor(previous prompt / block) x
+    block); pass the plan's prefix_cache_block, the granularity of vLLM's prefix-cache hits."""
     previous: dict[str, Turn] = {}
     total = 0
     for turn in sorted(turns, key=lambda t: (t.conversation, t.turn)):

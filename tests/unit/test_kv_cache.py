@@ -240,3 +240,16 @@ def test_tpu_kv_per_chip_is_not_the_logged_12_53_gib():
     per_chip = TPU_LOG_BLOCKS * layout.bytes_per_block / 4 / GiB
     assert round(per_chip, 2) == 5.09
     assert round(0.4 * 31.25, 2) == 12.5
+
+
+def test_prefix_cache_hits_are_multiples_of_the_groups_lcm():
+    """A prefix-cache hit lands on the lcm of the groups' block sizes. The sandbox's tiny model on vLLM 0.32.0's
+    CPU build logged "kv cache group sizes (256, 256, 256, 128)" and "kv lcm block sizes 256" (2026-11-25), and
+    a conversation's second turn found 0 cached tokens where its first turn's prompt held one full 128-token
+    block and 223 tokens in all; the third found 256. The oracle checks the lcm against every release's groups."""
+    sandbox = plan(parse_spec({"model": "tiny", "accelerator": {"kind": "cpu", "count": 1}})).require_ok()
+    assert (sandbox.replicas[0].capacity.block_size, sandbox.replicas[0].capacity.prefix_cache_block) == (128, 256)
+    assert kv_layout(CATALOG.model("26b-a4b"), 1, "auto", 16).prefix_cache_block == 32
+    assert kv_layout(CATALOG.model("e2b"), 1, "auto", 16).prefix_cache_block == 32
+    # One group on TPU: its block.
+    assert tpu_kv_layout(CATALOG.model("e2b"), 4, "fp8", 16).prefix_cache_block == 16

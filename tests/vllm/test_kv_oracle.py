@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -195,6 +196,9 @@ def _differences(case: dict, expected: KvCapacity, actual: dict) -> list[str]:
     ):
         if actual[key] != mine:
             diffs.append(f"{key}: vLLM {actual[key]}, plan {mine}")
+    # The prefix-cache hit granularity: the lcm of vLLM's own group block sizes (KvLayout.prefix_cache_block).
+    if "block_sizes" in actual and math.lcm(*actual["block_sizes"]) != expected.prefix_cache_block:
+        diffs.append(f"prefix_cache_block: vLLM lcm{tuple(actual['block_sizes'])}, plan {expected.prefix_cache_block}")
     return diffs
 
 
