@@ -349,6 +349,29 @@ def test_hardware_rules(name, accelerator, outcome, tmp_path: Path) -> None:
     }[outcome], (result.refusals, result.warnings)
 
 
+@pytest.mark.parametrize(
+    "name, warning",
+    [
+        # served by vLLM's CPU build (tests/vllm/test_served_variants.py): no warning
+        ("ct-w8a8-int8", None),
+        ("awq", None),
+        # loading fails without AMX (docs/checkpoints.md, "Tried on the CPU build")
+        ("ct-fp8-dynamic", "FP8 weights only on CPUs with AMX"),
+        ("fp8-block", "FP8 weights only on CPUs with AMX"),
+        # never tried
+        ("gptq", "not checked by gemmaserve"),
+        ("ct-nvfp4", "not checked by gemmaserve"),
+    ],
+)
+def test_cpu_rules(name: str, warning: str | None, tmp_path: Path) -> None:
+    root = quantized_dir(tmp_path, name, 8 * 10**9)
+    spec = {"model": str(root), "accelerator": {"kind": "cpu", "count": 1}, "workload": {"max_model_len": 1024}}
+    result = plan(parse_spec(spec))
+    assert result.ok, result.refusals
+    found = [w for w in result.warnings if "is quantized" in w]
+    assert (found == []) if warning is None else (len(found) == 1 and warning in found[0]), found
+
+
 def test_tpu_quantizes_moe_experts_only_as_fp8(tmp_path: Path) -> None:
     def moe(name: str) -> Path:
         config = stock_config("26b-a4b") | {"quantization_config": quantization_config(name)}

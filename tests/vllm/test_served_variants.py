@@ -212,6 +212,8 @@ def test_quantized_checkpoint_is_served_quantized(
     replica = planned.replicas[0]
     assert planned.quantization is not None
     assert (planned.quantization.method, planned.quantization.scheme) == (method, scheme)
+    # The plan's CPU rule (CPU_SERVED_SCHEMES) says it runs here without a warning: this test is its evidence.
+    assert not [w for w in planned.warnings if "is quantized" in w], planned.warnings
     # The plan counts the packed weights: fewer bytes than the 16-bit fine-tune of the same architecture.
     assert planned.model.checkpoint_bytes < served_plan(variants[FINE_TUNE]).model.checkpoint_bytes
     with serving(replica, vllm_python, tmp_path / "vllm.log") as ready:
