@@ -434,6 +434,12 @@ def _backends_up(target, replicas: int) -> bool:
     return len(rows) == replicas and set(rows.values()) == {"UP"}
 
 
+def _run_names(workload: conversations.Workload, run: int) -> list[str]:
+    """New conversations for run `run`, named alike in every run: a name is part of each prompt, so names of one
+    length give every run the same prompt lengths, and so the same ideal."""
+    return conversations.conversation_names(workload.conversations, f"routing-run{run}")
+
+
 def _warm_up(target, serving, workload: conversations.Workload, log: Log) -> None:
     """A few requests of the workload's sizes straight to each replica before the first measured run: a replica's
     first batches of new shapes run slower, and a slower replica draws fewer requests under least-outstanding
@@ -508,6 +514,7 @@ def measure_routing(
                 partial(conversations.read_counters, target, serving, host.name),
                 host=host.name,
                 policy=policy,
+                names=_run_names(workload, len(runs)),
             )
             reuse = "-" if run.reuse_of_ideal is None else f"{run.reuse_of_ideal:.0%}"
             log(f"{policy}: prefix reuse {reuse} of ideal, {run.completed} turns answered, {run.failed} failed")
@@ -525,6 +532,7 @@ def measure_routing(
                     partial(conversations.read_counters, target, serving, host.name),
                     host=host.name,
                     policy=f"vllm-router-{policy}",
+                    names=_run_names(workload, len(runs)),
                     label=name,
                 )
             finally:
