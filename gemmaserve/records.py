@@ -62,7 +62,7 @@ class HostRecord(Strict):
     @classmethod
     def for_plan(
         cls,
-        serving: Plan,
+        plan: Plan,
         *,
         name: str,
         internal_ip: str | None,
@@ -82,13 +82,13 @@ class HostRecord(Strict):
             kind=kind,
             instance_type=instance_type,
             provisioning=provisioning,
-            accelerator=AcceleratorRecord(kind=serving.accelerator.name, count=serving.spec.accelerator.count),
-            router_port=serving.router_port,
+            accelerator=AcceleratorRecord(kind=plan.accelerator.name, count=plan.spec.accelerator.count),
+            router_port=plan.router_port,
             replicas=[
                 ReplicaRecord(
                     index=r.index, devices=r.devices, tensor_parallel_size=r.tensor_parallel_size, port=r.port
                 )
-                for r in serving.replicas
+                for r in plan.replicas
             ],
         )
 

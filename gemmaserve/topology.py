@@ -85,17 +85,17 @@ def tensor_parallel_groups(topology: GpuTopology, tp: int, replicas: int) -> lis
     return sorted(groups)
 
 
-def with_topology(serving, topology: GpuTopology):
+def with_topology(plan, topology: GpuTopology):
     """The plan with each replica's devices chosen from the topology and its CPU/NUMA affinity set.
 
     Devices are nvidia-smi indexes, which equal CUDA's only with CUDA_DEVICE_ORDER=PCI_BUS_ID (the plan
     sets it on NVIDIA hosts)."""
-    if not serving.replicas:
-        return serving
-    tp = serving.replicas[0].tensor_parallel_size
-    groups = tensor_parallel_groups(topology, tp, len(serving.replicas))
+    if not plan.replicas:
+        return plan
+    tp = plan.replicas[0].tensor_parallel_size
+    groups = tensor_parallel_groups(topology, tp, len(plan.replicas))
     replicas = []
-    for replica, group in zip(serving.replicas, groups, strict=True):
+    for replica, group in zip(plan.replicas, groups, strict=True):
         env = dict(replica.env)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, group))
         nodes = {topology.numa_node[g] for g in group}
@@ -109,4 +109,4 @@ def with_topology(serving, topology: GpuTopology):
                 numa_node=nodes.pop() if len(nodes) == 1 else None,
             )
         )
-    return replace(serving, replicas=replicas)
+    return replace(plan, replicas=replicas)

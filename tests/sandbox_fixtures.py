@@ -207,7 +207,7 @@ class BucketHosts:
 
     hosts: list[state.Host]
     remotes: list[Any]
-    serving: Any
+    plan: Any
     data: dict
     b_started: float
 
@@ -243,13 +243,13 @@ def bucket_hosts(
         "systemctl start gemmaserve-cache-save.service && journalctl -u gemmaserve-cache-save -o cat"
     )
     assert saved.rc == 0, saved.stderr
-    serving = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
+    host_plan = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
     # A host restores another host's cache only once it is promoted (docs/weights-and-caches.md): A's, with the
     # command the docs give operators, run on A (with its access to the bucket: here the emulator's address).
-    weights = serving.weights
+    weights = host_plan.weights
     promote = (
         f"STORAGE_EMULATOR_HOST={bucket_emulator.emulator.endpoint} python3 /opt/gemmaserve/lib/compile_cache.py "
-        f"promote --keys {serving.replicas[0].cache_key} --from-host $(hostname) --bucket {weights.bucket} "
+        f"promote --keys {host_plan.replicas[0].cache_key} --from-host $(hostname) --bucket {weights.bucket} "
         f"--bucket-prefix {weights.compile_cache_prefix}"
     )
     promoted = remotes[0].run(promote)
@@ -257,7 +257,7 @@ def bucket_hosts(
     started = float(remotes[1].run("date +%s.%N").stdout)
     second = deploy(up[1].name, data, tmp_path_factory.mktemp("bucket-b"))
     assert second.returncode == 0, second.output[-4000:]
-    return BucketHosts(up, remotes, serving, data, started)
+    return BucketHosts(up, remotes, host_plan, data, started)
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,7 @@ class Point:
 
 
 def bench_command(
-    serving: Plan,
+    plan: Plan,
     profile: str,
     input_len: int,
     output_len: int,
@@ -71,16 +71,16 @@ def bench_command(
     reaches vLLM's benchmark as OPENAI_API_KEY (never on a command line); `ca_cert` (a file on the host)
     is what its TLS client trusts (SSL_CERT_FILE; in container mode a file under RESULT_DIR, which the
     container mounts)."""
-    model = serving.model
+    model = plan.model
     tokenizer = model.local_dir or model.hf_id
-    if serving.engine.kind == "wheel":
-        vllm = f"{serving.engine.vllm_executable}"
+    if plan.engine.kind == "wheel":
+        vllm = f"{plan.engine.vllm_executable}"
     else:
         # The serving image's own `vllm bench`, under the same runtime and flags the replicas use.
         vllm = (
             f"{CONTAINER_RUNTIME} run --rm --pull=never --cgroups=disabled --network=host -v {STATE_DIR}:{STATE_DIR} "
             f"-v {RESULT_DIR}:{RESULT_DIR} -e HF_HOME={HF_HOME} -e OPENAI_API_KEY "
-            f"{'-e SSL_CERT_FILE ' if ca_cert else ''}--entrypoint vllm {serving.engine.image}"
+            f"{'-e SSL_CERT_FILE ' if ca_cert else ''}--entrypoint vllm {plan.engine.image}"
         )
     env = f"HF_HOME={HF_HOME} " + ("HF_HUB_OFFLINE=1 " if model.is_test_model else "")
     if ca_cert:
@@ -128,10 +128,10 @@ def bench_command(
     )
 
 
-def _spec_counters(target, serving: Plan) -> dict[str, float]:
+def _spec_counters(target, plan: Plan) -> dict[str, float]:
     """Speculative-decoding counters summed over the replicas, read on loopback (the balancer hides /metrics)."""
     sums: dict[str, float] = {}
-    for replica in serving.replicas:
+    for replica in plan.replicas:
         for name, value in metric_sums(target.run(f"curl -s -m 10 {replica.url}/metrics").stdout).items():
             sums[name] = sums.get(name, 0.0) + value
     return {m: sums.get(m, 0.0) for m in SPEC_METRICS}
@@ -148,7 +148,7 @@ def run(
 ) -> list[Point]:
     points: list[Point] = []
     for host in fleet.load(inventory, limit):
-        name, serving, target = host.name, host.plan, host.connect()
+        name, plan, target = host.name, host.plan, host.connect()
         endpoint = host.endpoint()
         if endpoint.credentials.api_key is None:
             raise RuntimeError(f"{name}: set {API_KEY_ENV} to a key of this endpoint (and {CA_CERT_ENV} to its CA)")
@@ -158,17 +158,15 @@ def run(
             ca_on_host = f"{RESULT_DIR}/ca.pem"
             pem = Path(endpoint.credentials.ca_cert).read_text()
             target.run(f"mkdir -p {RESULT_DIR} && cat > {ca_on_host} <<'EOF'\n{pem}\nEOF")
-        mtp = serving.spec.workload.speculative.method != "none"
+        mtp = plan.spec.workload.speculative.method != "none"
         for profile in profiles:
             base_in, base_out = PROFILES[profile]
             input_len, output_len = max(1, int(base_in * scale)), max(1, int(base_out * scale))
             for level in concurrency:
                 prompts = max(level * prompts_per_level, level)
-                before = _spec_counters(target, serving) if mtp else {}
+                before = _spec_counters(target, plan) if mtp else {}
                 log(f"{name}: {profile} {input_len}/{output_len} tokens, concurrency {level}, {prompts} prompts")
-                command = bench_command(
-                    serving, profile, input_len, output_len, level, prompts, endpoint.root, ca_on_host
-                )
+                command = bench_command(plan, profile, input_len, output_len, level, prompts, endpoint.root, ca_on_host)
                 rc, _, _ = fleet.run_with_secret(target, command, endpoint.credentials.api_key)
                 if rc != 0:
                     tail = target.run(f"tail -20 {RESULT_DIR}/{profile}-c{level}.log").stdout
@@ -176,7 +174,7 @@ def run(
                 raw = json.loads(target.run(f"cat {RESULT_DIR}/{profile}-c{level}.json").stdout)
                 extra: dict[str, Any] = {}
                 if mtp:
-                    after = _spec_counters(target, serving)
+                    after = _spec_counters(target, plan)
                     delta = {k: after[k] - before[k] for k in SPEC_METRICS}
                     drafted, drafts = delta[SPEC_METRICS[1]], delta[SPEC_METRICS[2]]
                     if drafted:
@@ -207,22 +205,22 @@ def run_multi_turn(
     host is deployed with; its replicas' counters are read over ssh before and after (conversations.measure)."""
     runs = []
     for host in fleet.load(inventory, limit):
-        serving = host.plan
+        plan = host.plan
         endpoint = host.endpoint()
         if endpoint.credentials.api_key is None:
             raise RuntimeError(
                 f"{host.name}: set {API_KEY_ENV} to a key of this endpoint (and {CA_CERT_ENV} to its CA)"
             )
         target = host.connect()
-        log(f"{host.name}: {workload.describe()}, routing {serving.routing.policy}")
+        log(f"{host.name}: {workload.describe()}, routing {plan.routing.policy}")
         run = conversations.measure(
             endpoint,
-            serving.model.hf_id,
+            plan.model.hf_id,
             workload,
-            serving.replicas[0].capacity.prefix_cache_block,
-            partial(conversations.read_counters, target, serving, host.name),
+            plan.replicas[0].capacity.prefix_cache_block,
+            partial(conversations.read_counters, target, plan, host.name),
             host=host.name,
-            policy=serving.routing.policy,
+            policy=plan.routing.policy,
         )
         runs.append(run)
     return runs

@@ -3,15 +3,12 @@ prefix-cache reuse against the ideal, hit rate, time to first token and each rep
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import random
 import secrets
 import time
 import typing
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -121,61 +118,60 @@ def conversation_names(count: int, label: str = "conversation") -> list[str]:
 
 
 def send_turn(
-    endpoint: Endpoint, payload: dict[str, Any], timeout: float, conversation: str = "", turn: int = 0
+    client, payload: dict[str, Any], timeout: float, conversation: str = "", turn: int = 0
 ) -> tuple[Turn, str]:
-    """Stream one chat completion (`payload` with stream and include_usage set); the turn's record and the
-    answer's text ("" when the turn failed)."""
-    url = endpoint.url("/v1/chat/completions")
-    headers = {"Content-Type": "application/json", **endpoint.credentials.headers()}
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers)
+    """Stream one chat completion (`payload`: create()'s arguments, with stream and include_usage set) through
+    `client`, the OpenAI SDK without retries (Endpoint.openai(max_retries=0): a retried turn would be timed and
+    counted twice); the turn's record and the answer's text ("" when the turn failed)."""
+    import openai
+
     started = time.monotonic()
     ttft: float | None = None
-    usage: dict[str, int] = {}
+    usage = None
+    status = 0
     text: list[str] = []
 
-    def record(status: int, error: str = "") -> Turn:
+    def record(error: str = "") -> Turn:
         latency = time.monotonic() - started
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        prompt, completion = (usage.prompt_tokens, usage.completion_tokens) if usage else (None, None)
         return Turn(conversation, turn, status, prompt, completion, ttft, latency, error)
 
     try:
-        # `timeout` bounds each read of the socket; the loop bounds the whole stream by it too.
-        with endpoint.credentials.opener().open(request, timeout=timeout) as response:
-            for line in response:
+        # `timeout` bounds each read of the socket (the SDK's httpx timeout); the loop bounds the whole stream.
+        with client.chat.completions.create(**payload, timeout=timeout) as stream:
+            status = stream.response.status_code
+            for chunk in stream:
                 if time.monotonic() - started > timeout:
-                    return record(response.status, f"timeout: the stream ran past {timeout:g} s"), ""
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                chunk = json.loads(data)
-                if not isinstance(chunk, dict):
-                    raise ValueError(f"a chunk that is no JSON object: {data[:100]!r}")
-                if "error" in chunk:
-                    return record(response.status, f"error in the stream: {str(chunk['error'])[:200]}"), ""
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    if ttft is None and any(delta.get(k) for k in ("content", "reasoning_content", "reasoning")):
+                    return record(f"timeout: the stream ran past {timeout:g} s"), ""
+                usage = chunk.usage or usage
+                for choice in chunk.choices:
+                    delta = choice.delta
+                    # vLLM streams a reasoning model's thinking as reasoning_content (older) or reasoning: both
+                    # are generated text, so the first of them is the first token.
+                    reasoning = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
+                    if ttft is None and (delta.content or reasoning):
                         ttft = time.monotonic() - started
-                    text.append(delta.get("content") or "")
-            status = response.status
-    except urllib.error.HTTPError as error:
-        return record(error.code, error.read().decode(errors="replace")[:200]), ""
-    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as error:
-        # OSError includes socket timeouts; ValueError a chunk that is not JSON.
-        return record(0, f"{type(error).__name__}: {error}"[:200]), ""
-    if not usage:
-        return record(status, "no usage in the stream (stream_options.include_usage)"), ""
-    return record(status), "".join(text)
+                    text.append(delta.content or "")
+    except openai.APIStatusError as error:  # an HTTP error status: its body is the reason
+        status = error.status_code
+        return record(error.response.text[:200]), ""
+    except openai.APIConnectionError as error:  # no connection, or a read timed out (APITimeoutError)
+        status = 0
+        return record(f"{type(error).__name__}: {error}"[:200]), ""
+    except openai.APIError as error:  # a chunk of the stream that is an error, after a 200
+        return record(f"error in the stream: {str(error.body or error.message)[:200]}"), ""
+    except ValueError as error:  # a chunk that is not JSON, or not a chunk (pydantic's ValidationError)
+        return record(f"{type(error).__name__}: {error}"[:200]), ""
+    if usage is None:
+        return record("no usage in the stream (stream_options.include_usage)"), ""
+    return record(), "".join(text)
 
 
 class Conversation:
     """One conversation's messages so far and its turns' records; `send` sends its next turn."""
 
-    def __init__(self, endpoint: Endpoint, model: str, name: str, workload: Workload) -> None:
-        self.endpoint, self.model, self.name, self.workload = endpoint, model, name, workload
+    def __init__(self, client, model: str, name: str, workload: Workload) -> None:
+        self.client, self.model, self.name, self.workload = client, model, name, workload
         self.messages = [{"role": "system", "content": system_prompt(name, workload.system_prompt_words)}]
         self.turns: list[Turn] = []
 
@@ -197,15 +193,16 @@ class Conversation:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        turn, answer = send_turn(self.endpoint, payload, self.workload.timeout, self.name, number)
+        turn, answer = send_turn(self.client, payload, self.workload.timeout, self.name, number)
         self.turns.append(turn)
         if turn.ok:
             self.messages.append({"role": "assistant", "content": answer})
 
 
-def run_conversation(endpoint: Endpoint, model: str, name: str, workload: Workload) -> list[Turn]:
-    """Every turn of one conversation, each after the previous answer; it stops at the first failed turn."""
-    conversation = Conversation(endpoint, model, name, workload)
+def run_conversation(client, model: str, name: str, workload: Workload) -> list[Turn]:
+    """Every turn of one conversation through `client` (send_turn's), each after the previous answer; it stops at
+    the first failed turn."""
+    conversation = Conversation(client, model, name, workload)
     for _ in range(workload.turns):
         conversation.send()
     return conversation.turns
@@ -218,14 +215,16 @@ def run_workload(endpoint: Endpoint, model: str, names: Sequence[str], workload:
     problems = workload.problems()
     if problems:
         raise ValueError("; ".join(f"{name}: allowed: {what}" for name, what in problems.items()))
-    with ThreadPoolExecutor(max_workers=min(workload.clients, len(names)) or 1) as pool:
-        if workload.order == "conversations":
-            done = list(pool.map(lambda name: run_conversation(endpoint, model, name, workload), names))
-            return [turn for turns in done for turn in turns]
-        conversations = [Conversation(endpoint, model, name, workload) for name in names]
-        order = random.Random(",".join(names))
-        for _ in range(workload.turns):
-            list(pool.map(Conversation.send, order.sample(conversations, len(conversations))))
+    # One client for every turn (its connection pool is shared by the threads), closed with the run.
+    with endpoint.openai(max_retries=0, timeout=workload.timeout) as client:
+        with ThreadPoolExecutor(max_workers=min(workload.clients, len(names)) or 1) as pool:
+            if workload.order == "conversations":
+                done = list(pool.map(lambda name: run_conversation(client, model, name, workload), names))
+                return [turn for turns in done for turn in turns]
+            conversations = [Conversation(client, model, name, workload) for name in names]
+            order = random.Random(",".join(names))
+            for _ in range(workload.turns):
+                list(pool.map(Conversation.send, order.sample(conversations, len(conversations))))
     return [turn for conversation in conversations for turn in conversation.turns]
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 API_KEY_ENV = "GEMMASERVE_API_KEY"
 CA_CERT_ENV = "GEMMASERVE_CA_CERT"
+# What the OpenAI SDK sends for a key when there is none (Credentials.openai).
+NO_API_KEY = "no-key"
 
 
 @dataclass(frozen=True)
@@ -46,13 +48,15 @@ class Credentials:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def openai(self, base_url: str, **options: Any):
-        """The OpenAI SDK for `base_url`, with this key and this CA (and no proxy)."""
+        """The OpenAI SDK for `base_url`, with this key and this CA (and no proxy).
+
+        Without a key the SDK still sends one (it refuses to run without): NO_API_KEY, which a gemmaserve endpoint
+        refuses as it refuses none (401), and an endpoint that takes no key (vllm-router in the sandbox) ignores.
+        """
         from openai import DefaultHttpxClient, OpenAI
 
-        if not self.api_key:
-            raise ValueError(f"no API key to call {base_url} with (set {API_KEY_ENV})")
         http_client = DefaultHttpxClient(verify=self.ssl_context(), trust_env=False)
-        return OpenAI(base_url=base_url, api_key=self.api_key, http_client=http_client, **options)
+        return OpenAI(base_url=base_url, api_key=self.api_key or NO_API_KEY, http_client=http_client, **options)
 
     def opener(self) -> urllib.request.OpenerDirector:
         return urllib.request.build_opener(

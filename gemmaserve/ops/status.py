@@ -123,10 +123,10 @@ def phase_of(replica_text: str, weights_state: str, weights_text: str) -> str:
     return replica_text
 
 
-def probe_script(serving: Plan) -> str:
+def probe_script(plan: Plan) -> str:
     """One shell command that prints, per replica: unit state, /health code, /v1/models, /metrics."""
     parts = []
-    for r in serving.replicas:
+    for r in plan.replicas:
         base = r.url
         parts.append(
             f"systemctl is-active vllm@{r.index} || true; echo {SEPARATOR}; "
@@ -160,13 +160,13 @@ def collect(inventory: str, limit: list[str] | tuple[str, ...] = ()) -> list[Rep
 
     statuses = []
     for host in fleet.load(inventory, limit):
-        name, serving = host.name, host.plan
+        name, plan = host.name, host.plan
         try:
-            replicas = read_host(name, serving, host.connect())
+            replicas = read_host(name, plan, host.connect())
         except (OSError, EOFError, paramiko.SSHException) as error:
             reason = f"ssh {host.address}: {error}".replace("\n", " ")[:120]
             # Nothing is known of its replicas but why.
-            replicas = [replica_status(name, r.index, UNREACHABLE, "", "", "", reason) for r in serving.replicas]
+            replicas = [replica_status(name, r.index, UNREACHABLE, "", "", "", reason) for r in plan.replicas]
         endpoint = endpoint_check(host)
         for status in replicas:
             status.endpoint = endpoint
@@ -174,12 +174,12 @@ def collect(inventory: str, limit: list[str] | tuple[str, ...] = ()) -> list[Rep
     return with_request_shares(statuses)
 
 
-def read_host(name: str, serving: Plan, target) -> list[ReplicaStatus]:
+def read_host(name: str, plan: Plan, target) -> list[ReplicaStatus]:
     """Every replica of one host, read in one ssh round trip on `target` (a testinfra host): what ssh raises
     when the host cannot be reached is raised. Request shares are left unset (with_request_shares)."""
-    chunks = target.run(f"sh -c {shlex.quote(probe_script(serving))}").stdout.split(SEPARATOR)
+    chunks = target.run(f"sh -c {shlex.quote(probe_script(plan))}").stdout.split(SEPARATOR)
     statuses = []
-    for replica in serving.replicas:
+    for replica in plan.replicas:
         raw = chunks[replica.index * 5 : replica.index * 5 + 5]
         state, code, models, metrics = (c.strip() for c in raw[:4])
         statuses.append(replica_status(name, replica.index, state, code, models, metrics, unit_phase(raw[4])))

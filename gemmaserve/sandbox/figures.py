@@ -59,40 +59,38 @@ def measure(cold: bool = False, log: Log = print) -> dict[str, float]:
 
 def _first_token_after(host: state.Host, restart: str, log: Log, timeout: float = 600) -> float:
     """Seconds from running `restart` on the host until a streamed chat completion yields a token."""
-    import json
-    import urllib.request
+    import openai
 
-    from gemmaserve.ops.endpoint import EndpointError, get_json
+    from gemmaserve.ops.endpoint import EndpointError
     from gemmaserve.sandbox import credentials
 
     endpoint = credentials.endpoint(host)
-    base = endpoint.base_url
-    model = get_json(f"{base}/models", credentials=endpoint.credentials)["data"][0]["id"]
-    started = time.monotonic()
-    machine.in_host(host, "/bin/sh", "-c", restart, timeout=120)
-    opener = endpoint.credentials.opener()
-    payload = json.dumps(
-        {"model": model, "stream": True, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
-    ).encode()
-    headers = {"Content-Type": "application/json", **endpoint.credentials.headers()}
-    while time.monotonic() - started < timeout:
-        try:
-            status, _ = endpoint.request("/health", timeout=2)
-            if status == 200:
-                req = urllib.request.Request(f"{base}/chat/completions", data=payload, headers=headers)
-                with opener.open(req, timeout=60) as response:
+    # No retries: a refused request is retried by the loop below, once /health answers again.
+    with endpoint.openai(max_retries=0, timeout=60) as client:
+        model = client.models.list().data[0].id
+        started = time.monotonic()
+        machine.in_host(host, "/bin/sh", "-c", restart, timeout=120)
+        while time.monotonic() - started < timeout:
+            try:
+                status, _ = endpoint.request("/health", timeout=2)
+                if status == 200:
                     first = None
-                    for line in response:
-                        if first is None and b'"content"' in line:
-                            first = time.monotonic() - started
-                    # Read to the end: a stream left open when the next restart stops vLLM holds
-                    # its HTTP server (and the restart) until systemd's stop timeout.
+                    stream = client.chat.completions.create(
+                        model=model, stream=True, max_tokens=4, messages=[{"role": "user", "content": "Hi"}]
+                    )
+                    with stream:
+                        # The first chunk that carries content (vLLM's first one: the role and "" once the first
+                        # token is out). Read to the end: a stream left open when the next restart stops vLLM
+                        # holds its HTTP server (and the restart) until systemd's stop timeout.
+                        for chunk in stream:
+                            if first is None and any(choice.delta.content is not None for choice in chunk.choices):
+                                first = time.monotonic() - started
                     if first is not None:
                         return first
-        except (EndpointError, OSError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"no token from {base} within {timeout:.0f} s of `{restart}`")
+            except (EndpointError, openai.APIError):
+                pass
+            time.sleep(0.5)
+    raise RuntimeError(f"no token from {endpoint.base_url} within {timeout:.0f} s of `{restart}`")
 
 
 def _busy_cpu_s() -> float:

@@ -49,9 +49,9 @@ def ensure_venv(log: Log = print) -> Path:
     return PROGRAM
 
 
-def command(serving: Plan, address: str, policy: str) -> list[str]:
-    """The router's command line on a host: every replica of `serving` as a worker, bound on `address`."""
-    workers = [f"http://127.0.0.1:{replica.port}" for replica in serving.replicas]
+def command(plan: Plan, address: str, policy: str) -> list[str]:
+    """The router's command line on a host: every replica of `plan` as a worker, bound on `address`."""
+    workers = [f"http://127.0.0.1:{replica.port}" for replica in plan.replicas]
     return [
         str(PROGRAM),
         "--host", address,
@@ -65,9 +65,9 @@ def command(serving: Plan, address: str, policy: str) -> list[str]:
     ]  # fmt: skip
 
 
-def start(target, serving: Plan, address: str, policy: str, log: Log = print) -> str:
+def start(target, plan: Plan, address: str, policy: str, log: Log = print) -> str:
     """Start the router on `target` (a testinfra host) and wait until it answers: its base URL."""
-    argv = " ".join(shlex.quote(part) for part in command(serving, address, policy))
+    argv = " ".join(shlex.quote(part) for part in command(plan, address, policy))
     result = target.run(f"systemd-run --unit={UNIT} --collect --property=DynamicUser=yes {argv}")
     if result.rc != 0:
         raise RuntimeError(f"vllm-router {policy}: systemd-run failed: {result.stderr.strip()}")

@@ -67,29 +67,29 @@ def tls_unit(access: AccessPlan) -> str:
 
 
 @deploy("Control access to the endpoint", data_defaults=Settings.defaults())
-def access(serving: Plan) -> None:
-    settings, plan = Settings.from_host(host), serving.access
+def access(plan: Plan) -> None:
+    settings, access_plan = Settings.from_host(host), plan.access
     unit_paths = {unit: f"/etc/systemd/system/{unit}" for unit in (KEYS_UNIT, KEYS_TIMER, TLS_UNIT)}
-    paths = [LIB_DIR, API_KEYS, plan.key_store, plan.tls_cert, *unit_paths.values()]
+    paths = [LIB_DIR, API_KEYS, access_plan.key_store, access_plan.tls_cert, *unit_paths.values()]
     now = HostState(host, paths=paths, units=[KEYS_TIMER])
-    if plan.tls_secret is None and settings.tls_src is None and now.path(plan.tls_cert).kind == "absent":
+    if access_plan.tls_secret is None and settings.tls_src is None and now.path(access_plan.tls_cert).kind == "absent":
         # Before any operation runs: a host without its certificate would serve nothing.
         raise MissingCertificate(
-            f"{host.name}: serving.tls.file = {plan.tls_cert!r}: no such file on the host; place a PEM bundle "
+            f"{host.name}: serving.tls.file = {access_plan.tls_cert!r}: no such file on the host; place a PEM bundle "
             "(certificate chain and private key) there, mode 0400, or set access_tls_src to a local file to upload"
         )
     # Beside hostlib.py and the Secret Manager fetcher (secret_fetch.py) the base role installed.
     program = install_programs("access", now)["api_keys.py"]
-    store = _key_store(plan, settings, now)
-    cert = _certificate(plan, settings, now, unit_paths[TLS_UNIT])
+    store = _key_store(access_plan, settings, now)
+    cert = _certificate(access_plan, settings, now, unit_paths[TLS_UNIT])
     keys_unit = managed_file(
         name=f"Install {KEYS_UNIT}",
         dest=unit_paths[KEYS_UNIT],
-        content=api_keys_unit(plan, settings),
+        content=api_keys_unit(access_plan, settings),
         current=now.path(unit_paths[KEYS_UNIT]),
     )
     timer = None
-    if plan.key_secret:
+    if access_plan.key_secret:
         timer = managed_file(
             name=f"Install {KEYS_TIMER}",
             dest=unit_paths[KEYS_TIMER],

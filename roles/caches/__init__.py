@@ -36,32 +36,32 @@ class Settings(RoleSettings):
     save_timeout: int = 300
 
 
-def cache_bucket(serving: Plan, settings: Settings) -> tuple[str, str] | None:
+def cache_bucket(plan: Plan, settings: Settings) -> tuple[str, str] | None:
     """(bucket, prefix) the caches travel through, or None."""
     if settings.gcs_uri == "none":
         return None
     if settings.gcs_uri:
         bucket, _, prefix = settings.gcs_uri.removeprefix("gs://").partition("/")
         return bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
-    weights = serving.weights
+    weights = plan.weights
     return (weights.bucket, weights.compile_cache_prefix) if weights.bucket else None
 
 
-def cache_args(serving: Plan, settings: Settings) -> str:
-    keys = sorted({r.cache_key for r in serving.replicas})
+def cache_args(plan: Plan, settings: Settings) -> str:
+    keys = sorted({r.cache_key for r in plan.replicas})
     args = f"--keys {' '.join(keys)} --shm {SHM_CACHE_ROOT} --disk {DISK_ROOT} --max-gib {settings.max_gib:g}"
-    remote = cache_bucket(serving, settings)
+    remote = cache_bucket(plan, settings)
     if remote:
         args += f" --bucket {remote[0]} --bucket-prefix {remote[1] or '/'}"
     return args
 
 
 @deploy("Keep compile caches across restarts", data_defaults=Settings.defaults())
-def caches(serving: Plan) -> None:
+def caches(plan: Plan) -> None:
     settings = Settings.from_host(host)
     script = installed_path("compile_cache.py")
     unit_paths = {unit: f"/etc/systemd/system/{unit}" for unit in UNITS}
-    remote = cache_bucket(serving, settings)
+    remote = cache_bucket(plan, settings)
     now = HostState(
         host,
         paths=[TMPFILES_CONF, DISK_ROOT, LIB_DIR, script, *unit_paths.values()],
@@ -86,7 +86,7 @@ def caches(serving: Plan) -> None:
         "environment": {"STORAGE_EMULATOR_HOST": emulator} if remote and emulator else {},
         "network": remote is not None,
         "script": script,
-        "args": cache_args(serving, settings),
+        "args": cache_args(plan, settings),
         "disk": DISK_ROOT,
         "shm": SHM_CACHE_ROOT,
         "save_timeout": settings.save_timeout,

@@ -77,7 +77,7 @@ class Settings(RoleSettings):
 
 
 def prometheus_config(
-    serving: Plan,
+    plan: Plan,
     settings: Settings = Settings(),
     router: RouterSettings = RouterSettings(),
     host_name: str = "localhost",
@@ -86,25 +86,25 @@ def prometheus_config(
     """prometheus.yml for this host's plan: one vllm target per replica plus HAProxy's exporter."""
     return render(
         TEMPLATES / "prometheus.yml.j2",
-        replicas=serving.replicas,
+        replicas=plan.replicas,
         host_name=host_name,
         rules_glob=rules_glob,
         scrape_interval=settings.scrape_interval,
         listen=settings.listen,
         haproxy_stats_port=router.stats_port,
-        dcgm_exporter=settings.dcgm_listen if serving.accelerator.vendor == "nvidia" else None,
-        amd_exporter=settings.amd_exporter_listen if serving.accelerator.vendor == "amd" else None,
-        tpu_exporter=settings.tpu_exporter_listen if serving.accelerator.vendor == "google" else None,
+        dcgm_exporter=settings.dcgm_listen if plan.accelerator.vendor == "nvidia" else None,
+        amd_exporter=settings.amd_exporter_listen if plan.accelerator.vendor == "amd" else None,
+        tpu_exporter=settings.tpu_exporter_listen if plan.accelerator.vendor == "google" else None,
     )
 
 
-def alert_rules(serving: Plan, settings: Settings = Settings()) -> str:
+def alert_rules(plan: Plan, settings: Settings = Settings()) -> str:
     """The alert rules: KV cache past the threshold, requests waiting, a replica down or out of rotation, its
     prefix-cache hit rate collapsing, the load spread past the routing bound, and the health of this plan's
     accelerator (NVIDIA, AMD or TPU)."""
     return render(
         TEMPLATES / "gemmaserve.rules.yml.j2",
-        replicas=serving.replicas,
+        replicas=plan.replicas,
         kv_cache_threshold=settings.kv_cache_threshold,
         queue_for=settings.queue_for,
         down_for=settings.down_for,
@@ -112,10 +112,10 @@ def alert_rules(serving: Plan, settings: Settings = Settings()) -> str:
         hit_rate_window=settings.hit_rate_window,
         hit_rate_collapse=settings.hit_rate_collapse,
         spread_for=settings.spread_for,
-        load_bound=serving.routing.load_bound_percent / 100 if serving.routing.prefix_affinity else None,
-        gpu_rules=serving.accelerator.vendor == "nvidia",
-        amd_rules=serving.accelerator.vendor == "amd",
-        tpu_rules=serving.accelerator.vendor == "google",
+        load_bound=plan.routing.load_bound_percent / 100 if plan.routing.prefix_affinity else None,
+        gpu_rules=plan.accelerator.vendor == "nvidia",
+        amd_rules=plan.accelerator.vendor == "amd",
+        tpu_rules=plan.accelerator.vendor == "google",
         tpu_hbm_threshold=settings.tpu_hbm_threshold,
         tpu_stall_for=settings.tpu_stall_for,
     )
@@ -137,7 +137,7 @@ def prometheus_args(settings: Settings = Settings()) -> str:
 
 
 @deploy("Monitor with Prometheus", data_defaults=Settings.defaults())
-def monitoring(serving: Plan) -> None:
+def monitoring(plan: Plan) -> None:
     settings, router = Settings.from_host(host), RouterSettings.from_host(host)
     # Debian's package brings promtool; recommends (node exporter, web assets) are not needed.
     install_packages("Install Prometheus", ["prometheus"])
@@ -150,13 +150,13 @@ def monitoring(serving: Plan) -> None:
     staged_rules = managed_file(
         name="Render the alert rules",
         dest=staged_rules_path,
-        content=alert_rules(serving, settings),
+        content=alert_rules(plan, settings),
         current=now.path(staged_rules_path),
     )
     staged_config = managed_file(
         name="Render the Prometheus config",
         dest=staged_config_path,
-        content=prometheus_config(serving, settings, router, host.name),
+        content=prometheus_config(plan, settings, router, host.name),
         current=now.path(staged_config_path),
     )
 
@@ -191,12 +191,12 @@ def monitoring(serving: Plan) -> None:
     managed_service(
         name="Keep Prometheus running", service="prometheus.service", current=now.unit("prometheus.service")
     )
-    if serving.accelerator.vendor == "nvidia":
+    if plan.accelerator.vendor == "nvidia":
         _dcgm(settings)
-    elif serving.accelerator.vendor == "amd":
+    elif plan.accelerator.vendor == "amd":
         _amd(settings)
-    elif serving.accelerator.vendor == "google":
-        install_tpu_exporter(serving.accelerator.name, settings.tpu_exporter_listen, settings.tpu_info_version)
+    elif plan.accelerator.vendor == "google":
+        install_tpu_exporter(plan.accelerator.name, settings.tpu_exporter_listen, settings.tpu_info_version)
 
 
 def _amd(settings: Settings) -> None:

@@ -360,11 +360,11 @@ def persistenced_dropin() -> str:
 
 
 @deploy("Install the NVIDIA driver", data_defaults=Settings.defaults())
-def nvidia(serving: Plan) -> None:
+def nvidia(plan: Plan) -> None:
     settings = Settings.from_host(host)
     branch = settings.driver_branch
-    open_modules = open_modules_for(serving.accelerator.name, settings.driver_open)
-    wanted_gpus = serving.spec.accelerator.count
+    open_modules = open_modules_for(plan.accelerator.name, settings.driver_open)
+    wanted_gpus = plan.spec.accelerator.count
     pci = host.get_fact(NvidiaPciDevices)
     found = len(pci["gpus"])
     if found < wanted_gpus:
@@ -391,7 +391,7 @@ def nvidia(serving: Plan) -> None:
     )
     container_toolkit(
         name="Install the NVIDIA container toolkit and its CDI spec (podman's GPU names)",
-        engine=serving.engine.kind,
+        engine=plan.engine.kind,
         gpu_count=wanted_gpus,
         driver_loaded=host.get_fact(NvidiaKernelModule) is not None,
     )

@@ -50,7 +50,7 @@ def unit_text(settings: Settings) -> str:
 
 
 @deploy("Drain replicas on preemption notices", data_defaults=Settings.defaults())
-def preemption(serving: Plan) -> None:
+def preemption(plan: Plan) -> None:
     capacity = capacity_from_host_data(host.data.dict(), host.name)
     settings = Settings.from_host(host)
     now = HostState(host, paths=[LIB_DIR, SCRIPT, UNIT_PATH], units=[UNIT])

@@ -102,10 +102,10 @@ def replica_args(replica: ReplicaPlan) -> str:
     return " ".join(a.replace('"', '\\"') for a in args)
 
 
-def emulator_env(serving: Plan, emulator: str | None) -> dict[str, str]:
+def emulator_env(plan: Plan, emulator: str | None) -> dict[str, str]:
     """A GCS API emulator for the Run:ai streamer (the sandbox's bucket): its Python side reads
     STORAGE_EMULATOR_HOST, its C++ client (google-cloud-cpp) CLOUD_STORAGE_EMULATOR_ENDPOINT."""
-    if not emulator or serving.weights.mode != "stream":
+    if not emulator or plan.weights.mode != "stream":
         return {}
     return {
         "STORAGE_EMULATOR_HOST": emulator,
@@ -114,16 +114,16 @@ def emulator_env(serving: Plan, emulator: str | None) -> dict[str, str]:
     }
 
 
-def render_env(serving: Plan, replica: ReplicaPlan, emulator: str | None = None) -> str:
+def render_env(plan: Plan, replica: ReplicaPlan, emulator: str | None = None) -> str:
     """replica-N.env, the unit's environment: with a venv, the plan's environment for vLLM too; under
     podman only what the unit's own commands use, so podman never runs with vLLM's TMPDIR or caches."""
-    previous = serving.replicas[replica.index - 1] if replica.index else None
-    container = serving.engine.kind == "container"
-    env = {} if container else {**replica.env, **emulator_env(serving, emulator)}
+    previous = plan.replicas[replica.index - 1] if replica.index else None
+    container = plan.engine.kind == "container"
+    env = {} if container else {**replica.env, **emulator_env(plan, emulator)}
     env["GEMMASERVE_CACHE_DIRS"] = " ".join(replica.env[k] for k in CACHE_ENV_KEYS if k in replica.env)
     if container:
         env["GEMMASERVE_CONTAINER_DEVICES"] = " ".join(f"--device={d}" for d in replica.container_devices)
-        if serving.accelerator.vendor == "nvidia":
+        if plan.accelerator.vendor == "nvidia":
             # The GPU preflight runs on the host, before podman: it checks the host's GPUs of this replica
             # (CUDA_VISIBLE_DEVICES is the container's own numbering, 0..tp-1) in PCI bus order.
             env["GEMMASERVE_HOST_GPUS"] = ",".join(map(str, replica.devices))
@@ -149,11 +149,11 @@ def render_container_env(replica: ReplicaPlan, extra: dict[str, str] | None = No
     return "\n".join(lines) + "\n"
 
 
-def container_flags(serving: Plan) -> list[str]:
+def container_flags(plan: Plan) -> list[str]:
     """What every `podman run` of the pinned image gets, the serving container and the flag check alike:
     host network and IPC, the host's state, caches and config, vLLM as the gemmaserve user with no
     capabilities on a read-only root file system, and the accelerator's own needs."""
-    vendor = serving.accelerator.vendor
+    vendor = plan.accelerator.vendor
     flags = [
         # Run by digest from local storage; the vllm role loaded or pulled it before any replica changed.
         "--pull=never",
@@ -192,33 +192,33 @@ def container_flags(serving: Plan) -> list[str]:
     return [*flags, *confined]
 
 
-def serving_container_flags(serving: Plan) -> str:
+def serving_container_flags(plan: Plan) -> str:
     """`podman run` flags of vllm@.service: the shared ones, plus a name, the replica's environment file,
     an init that passes SIGTERM on to vLLM, and the HF token credential; each replica adds its devices."""
-    flags = ["--rm", "--name=vllm-%i", "--init", "--log-driver=passthrough", *container_flags(serving)]
+    flags = ["--rm", "--name=vllm-%i", "--init", "--log-driver=passthrough", *container_flags(plan)]
     flags.append(f"--env-file={container_env_path('%i')}")
-    if serving.spec.secret:
+    if plan.spec.secret:
         flags.append("-v ${CREDENTIALS_DIRECTORY}:/run/credentials/vllm@%i.service:ro")
     return " ".join(flags)
 
 
-def argcheck_command(serving: Plan) -> str:
+def argcheck_command(plan: Plan) -> str:
     """vLLM's own parser, from the same engine that will serve: the venv, or the pinned image."""
-    if serving.engine.kind == "wheel":
-        return f"{serving.engine.venv}/bin/python {ARGCHECK}"
-    flags = " ".join(["--rm", *container_flags(serving)])
-    return f"{CONTAINER_RUNTIME} run {flags} --entrypoint=python3 {serving.engine.image} {ARGCHECK}"
+    if plan.engine.kind == "wheel":
+        return f"{plan.engine.venv}/bin/python {ARGCHECK}"
+    flags = " ".join(["--rm", *container_flags(plan)])
+    return f"{CONTAINER_RUNTIME} run {flags} --entrypoint=python3 {plan.engine.image} {ARGCHECK}"
 
 
-def argcheck_user(serving: Plan) -> str:
+def argcheck_user(plan: Plan) -> str:
     """Who runs the check: the serving user for a venv; root for podman (vLLM inside is --user)."""
-    return "gemmaserve" if serving.engine.kind == "wheel" else "root"
+    return "gemmaserve" if plan.engine.kind == "wheel" else "root"
 
 
-def device_nodes(serving: Plan) -> list[str]:
+def device_nodes(plan: Plan) -> list[str]:
     """DeviceAllow= entries. Device classes (char-NAME) are the names in /proc/devices, which systemd
     resolves when the unit starts, so the modules must be loaded by then (the driver roles' units)."""
-    vendor = serving.accelerator.vendor
+    vendor = plan.accelerator.vendor
     if vendor == "nvidia":
         # nvidia.ko registers major 195 as "nvidia" (minors 0-254, /dev/nvidiaN) and "nvidiactl" (255); the
         # name "nvidia-frontend" was last registered by the 535 branch (kernel-open/nvidia/nv.c at tags
@@ -235,9 +235,9 @@ def device_nodes(serving: Plan) -> list[str]:
     return []
 
 
-def driver_units(serving: Plan) -> dict[str, list[str]]:
+def driver_units(plan: Plan) -> dict[str, list[str]]:
     """Units a replica starts after (and which of them it cannot run without)."""
-    if serving.accelerator.vendor != "nvidia":
+    if plan.accelerator.vendor != "nvidia":
         return {"after": [], "requires": [], "wants": []}
     devices = "gemmaserve-nvidia-devices.service"
     # Fabric manager must have trained the NVSwitch fabric first, or CUDA returns error 802 and the replica
@@ -246,39 +246,39 @@ def driver_units(serving: Plan) -> dict[str, list[str]]:
     return {"after": [devices, *daemons], "requires": [devices], "wants": daemons}
 
 
-def replica_needs_no_metadata(serving: Plan) -> bool:
+def replica_needs_no_metadata(plan: Plan) -> bool:
     """Whether vLLM can run with the metadata server out of reach: not where it streams its weights from the
     bucket itself (the Run:ai streamer takes the host account's token from it), nor on TPU (vLLM reads the
     chips' topology from its tpu-env attribute: github.com/vllm-project/vllm/issues/9538), nor where it
     downloads from the Hugging Face hub (a Debian VM on Google Cloud resolves names through the same address,
     169.254.169.254: cloud.google.com/compute/docs/internal-dns). Weights pulled by the weights unit, or a
     local directory, leave vLLM offline (HF_HUB_OFFLINE)."""
-    return serving.weights.mode in ("pull", "local") and serving.accelerator.vendor != "google"
+    return plan.weights.mode in ("pull", "local") and plan.accelerator.vendor != "google"
 
 
-def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
+def unit_context(plan: Plan, settings: Settings = Settings()) -> dict:
     """Everything vllm@.service.j2 is rendered with."""
-    fetch_unit = "gemmaserve-hf-token.service" if serving.spec.secret and serving.spec.secret.secret_manager else None
-    container = serving.engine.kind == "container"
-    shutdown = serving.spec.serving.shutdown_timeout
+    fetch_unit = "gemmaserve-hf-token.service" if plan.spec.secret and plan.spec.secret.secret_manager else None
+    container = plan.engine.kind == "container"
+    shutdown = plan.spec.serving.shutdown_timeout
     return {
-        "model": serving.model.hf_id,
-        "vllm_executable": serving.engine.vllm_executable,
-        "credential": serving.token_source_path,
+        "model": plan.model.hf_id,
+        "vllm_executable": plan.engine.vllm_executable,
+        "credential": plan.token_source_path,
         "fetch_unit": fetch_unit,
         "container": container,
         "runtime": CONTAINER_RUNTIME,
-        "image": serving.engine.image,
-        "container_flags": serving_container_flags(serving) if container else "",
-        "devices": device_nodes(serving),
-        "driver_units": driver_units(serving),
+        "image": plan.engine.image,
+        "container_flags": serving_container_flags(plan) if container else "",
+        "devices": device_nodes(plan),
+        "driver_units": driver_units(plan),
         # The GPUs are checked (ECC, row remaps, MIG, fabric state, driver match) before vLLM starts, with
         # full privileges ("+"), so a sick GPU keeps the replica out of the balancer.
-        "preflight": f"/usr/bin/python3 {GPU_PREFLIGHT}" if serving.accelerator.vendor == "nvidia" else None,
+        "preflight": f"/usr/bin/python3 {GPU_PREFLIGHT}" if plan.accelerator.vendor == "nvidia" else None,
         # TPU chips are VFIO devices whose DMA buffers are pinned against RLIMIT_MEMLOCK (the kernel's
         # vfio_pin_pages_remote refuses past it); systemd's default is a few MiB.
-        "memlock": "infinity" if serving.accelerator.vendor == "google" else None,
-        "deny_metadata": replica_needs_no_metadata(serving),
+        "memlock": "infinity" if plan.accelerator.vendor == "google" else None,
+        "deny_metadata": replica_needs_no_metadata(plan),
         "state_dir": STATE_DIR,
         "haproxy_admin": HAPROXY_ADMIN,
         "shutdown_timeout": shutdown,
@@ -288,20 +288,20 @@ def unit_context(serving: Plan, settings: Settings = Settings()) -> dict:
         "timeout_start": settings.timeout_start,
         "stagger_checks": math.ceil(settings.stagger_timeout / STAGGER_CHECK_S),
         "stagger_check_s": STAGGER_CHECK_S,
-        "weights_unit": weights_unit(serving),
-        "weights_marker": weights_marker(serving),
+        "weights_unit": weights_unit(plan),
+        "weights_marker": weights_marker(plan),
         "ready_program": READY,
         "health_url": "$GEMMASERVE_HEALTH_URL",
     }
 
 
 @deploy("Run vLLM replicas", data_defaults=Settings.defaults())
-def replicas(serving: Plan) -> None:
+def replicas(plan: Plan) -> None:
     settings = Settings.from_host(host)
-    names = [r.unit for r in serving.replicas]
-    dropins = {r.index: affinity_dropin_path(r.index) for r in serving.replicas}
-    container = serving.engine.kind == "container"
-    container_envs = {r.index: container_env_path(r.index) for r in serving.replicas} if container else {}
+    names = [r.unit for r in plan.replicas]
+    dropins = {r.index: affinity_dropin_path(r.index) for r in plan.replicas}
+    container = plan.engine.kind == "container"
+    container_envs = {r.index: container_env_path(r.index) for r in plan.replicas} if container else {}
     now = HostState(
         host,
         paths=[
@@ -309,7 +309,7 @@ def replicas(serving: Plan) -> None:
             TARGET_PATH,
             LIB_DIR,
             READY,
-            *(env_path(r.index) for r in serving.replicas),
+            *(env_path(r.index) for r in plan.replicas),
             *container_envs.values(),
             *dropins.values(),
             *(str(Path(p).parent) for p in dropins.values()),
@@ -318,15 +318,15 @@ def replicas(serving: Plan) -> None:
     )
     # The readiness reporter (loading / compiling / ready).
     install_programs("replicas", now)
-    unit_text = render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, settings))
+    unit_text = render(TEMPLATES / "vllm@.service.j2", **unit_context(plan, settings))
     # First vLLM's own parser, inside the engine the new unit will run (the venv or the pinned image),
     # for every replica whose flags or engine change: a rejected flag or an engine that cannot run at
     # all stops the deploy here, before a unit, an environment or a running replica changes.
-    check, check_user = argcheck_command(serving), argcheck_user(serving)
-    engine = serving.engine.image if serving.engine.kind == "container" else serving.engine.venv
+    check, check_user = argcheck_command(plan), argcheck_user(plan)
+    engine = plan.engine.image if plan.engine.kind == "container" else plan.engine.venv
     envs = {}
-    for replica in serving.replicas:
-        live, content = env_path(replica.index), render_env(serving, replica, host.data.get(STORAGE_EMULATOR_KEY))
+    for replica in plan.replicas:
+        live, content = env_path(replica.index), render_env(plan, replica, host.data.get(STORAGE_EMULATOR_KEY))
         env_owner(name=f"Fix the owner and mode of {live}", path=live, content=content, current=now.path(live))
         envs[replica.index] = checked_env(
             name=f"Check replica {replica.index}'s vLLM flags with vLLM's own parser, then install them",
@@ -344,12 +344,12 @@ def replicas(serving: Plan) -> None:
         replica.index: managed_file(
             name=f"Install replica {replica.index}'s container environment",
             dest=container_envs[replica.index],
-            content=render_container_env(replica, emulator_env(serving, host.data.get(STORAGE_EMULATOR_KEY))),
+            content=render_container_env(replica, emulator_env(plan, host.data.get(STORAGE_EMULATOR_KEY))),
             group="gemmaserve",
             mode="0640",
             current=now.path(container_envs[replica.index]),
         )
-        for replica in serving.replicas
+        for replica in plan.replicas
         if container
     }
     unit = managed_file(
@@ -358,7 +358,7 @@ def replicas(serving: Plan) -> None:
     target = managed_file(
         name="Install gemmaserve.target",
         dest=TARGET_PATH,
-        content=render(TEMPLATES / "gemmaserve.target.j2", replicas=serving.replicas),
+        content=render(TEMPLATES / "gemmaserve.target.j2", replicas=plan.replicas),
         current=now.path(TARGET_PATH),
     )
     systemd.daemon_reload(name="Reload systemd units", _if=lambda: unit.did_change() or target.did_change())
@@ -370,8 +370,8 @@ def replicas(serving: Plan) -> None:
         current=now.unit("gemmaserve.target"),
         running=None,
     )
-    _remove_extra_replicas(serving)
-    for replica in serving.replicas:
+    _remove_extra_replicas(plan)
+    for replica in plan.replicas:
         affinity = _affinity(
             replica, now.path(dropins[replica.index]), now.path(str(Path(dropins[replica.index]).parent))
         )
@@ -469,12 +469,12 @@ def restart_replica(service: str):
     yield from systemd.service._inner(service=service, running=True, restarted=True)
 
 
-def _remove_extra_replicas(serving: Plan) -> None:
+def _remove_extra_replicas(plan: Plan) -> None:
     """Replicas the plan no longer has (a scale-down): stop and disable them, remove their env files."""
     listed = (
         host.get_fact(Command, "ls /etc/gemmaserve 2>/dev/null | sed -n 's/^replica-\\([0-9]*\\)\\.env$/\\1/p'") or ""
     )
-    wanted = {r.index for r in serving.replicas}
+    wanted = {r.index for r in plan.replicas}
     for index in sorted(int(i) for i in listed.split() if i.isdigit() and int(i) not in wanted):
         systemd.service(
             name=f"Stop and disable vllm@{index}.service (no longer planned)",

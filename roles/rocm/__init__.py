@@ -214,15 +214,13 @@ def reboot_for_amdgpu(dkms: bool, allow_reboot: bool):
 
 
 @deploy("Install ROCm", data_defaults=Settings.defaults())
-def rocm(serving: Plan) -> None:
-    if serving.accelerator.name not in SUPPORTED:
-        raise ValueError(f"{serving.accelerator.name}: the rocm role supports {', '.join(sorted(SUPPORTED))}")
+def rocm(plan: Plan) -> None:
+    if plan.accelerator.name not in SUPPORTED:
+        raise ValueError(f"{plan.accelerator.name}: the rocm role supports {', '.join(sorted(SUPPORTED))}")
     settings = Settings.from_host(host)
     found = host.get_fact(RocmSmiGpus)
-    if found is not None and found < serving.spec.accelerator.count:
-        raise ValueError(
-            f"{host.name}: the plan wants {serving.spec.accelerator.count} AMD GPUs, rocm-smi lists {found}"
-        )
+    if found is not None and found < plan.spec.accelerator.count:
+        raise ValueError(f"{host.name}: the plan wants {plan.spec.accelerator.count} AMD GPUs, rocm-smi lists {found}")
     version, dkms = settings.version, settings.dkms
     install_packages("Install ROCm prerequisites", ["curl", "ca-certificates", "gnupg"])
     rocm_release(

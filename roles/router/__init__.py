@@ -138,51 +138,51 @@ def error_bodies(access: AccessPlan, routing: RoutingPlan) -> dict[str, str]:
 
 
 def haproxy_config(
-    serving: Plan, settings: Settings, access: AccessPlan | None = None, fleet: FleetPlan | None = None
+    plan: Plan, settings: Settings, access: AccessPlan | None = None, fleet: FleetPlan | None = None
 ) -> str:
     """haproxy.cfg for this host's plan; `access` overrides the plan's key map and certificate paths (tests);
     `fleet` (gemmaserve.plan.plan_fleet) adds the peer listener and the ring of hosts."""
-    access = access or serving.access
+    access = access or plan.access
     return render(
         TEMPLATES / "haproxy.cfg.j2",
         bind=settings.bind,
-        port=serving.router_port,
+        port=plan.router_port,
         stats_port=settings.stats_port,
         stream_timeout=settings.stream_timeout,
-        replicas=serving.replicas,
+        replicas=plan.replicas,
         access=access,
-        routing=serving.routing,
+        routing=plan.routing,
         content_parts=content_parts(),
         raw_fallbacks=RAW_FALLBACKS,
         prompt_bytes=PROMPT_BYTES,
         raw_bytes=RAW_BYTES,
-        errors=error_bodies(access, serving.routing),
-        shutdown_timeout=serving.spec.serving.shutdown_timeout,
+        errors=error_bodies(access, plan.routing),
+        shutdown_timeout=plan.spec.serving.shutdown_timeout,
         fleet=fleet,
         route_key_header=ROUTE_KEY_HEADER,
     )
 
 
-def stop_units(serving: Plan) -> dict[str, str]:
+def stop_units(plan: Plan) -> dict[str, str]:
     """The units that make a stop of HAProxy graceful and put it before the replicas' at shutdown."""
     # HAProxy's soft stop is bounded by hard-stop-after; leave it time to exit.
-    stop_timeout = serving.spec.serving.shutdown_timeout + 30
+    stop_timeout = plan.spec.serving.shutdown_timeout + 30
     return {
         DROP_IN: render(TEMPLATES / "haproxy.service.d-gemmaserve.conf.j2", stop_timeout=stop_timeout),
         f"/etc/systemd/system/{DRAIN_UNIT}": render(
             TEMPLATES / "gemmaserve-router-drain.service.j2",
             stop_timeout=stop_timeout + 30,
-            replica_units=[replica.unit for replica in serving.replicas],
+            replica_units=[replica.unit for replica in plan.replicas],
         ),
     }
 
 
 @deploy("Route with HAProxy", data_defaults=Settings.defaults())
-def router(serving: Plan, fleet: FleetPlan | None = None) -> None:
+def router(plan: Plan, fleet: FleetPlan | None = None) -> None:
     settings = Settings.from_host(host)
     install_packages("Install HAProxy", ["haproxy"])
     staged_path = f"{CONFIG}.gemmaserve"
-    units = stop_units(serving)
+    units = stop_units(plan)
     now = HostState(
         host,
         paths=[LIB_DIR, HAPROXY_ADMIN, staged_path, *units, DROP_IN.rsplit("/", 1)[0]],
@@ -192,7 +192,7 @@ def router(serving: Plan, fleet: FleetPlan | None = None) -> None:
     staged = managed_file(
         name="Render the HAProxy config",
         dest=staged_path,
-        content=haproxy_config(serving, settings, fleet=fleet),
+        content=haproxy_config(plan, settings, fleet=fleet),
         current=now.path(staged_path),
     )
     server.shell(

@@ -32,8 +32,8 @@ class MissingSecret(Exception):
 
 
 @deploy("Provide the Hugging Face token", data_defaults=Settings.defaults())
-def secrets(serving: Plan) -> None:
-    source = serving.spec.secret
+def secrets(plan: Plan) -> None:
+    source = plan.spec.secret
     if source is None:
         return
     if source.file:

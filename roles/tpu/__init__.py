@@ -81,6 +81,6 @@ def shm_size(size: str):
 
 
 @deploy("Prepare the TPU VM", data_defaults=Settings.defaults())
-def tpu(serving: Plan) -> None:
+def tpu(plan: Plan) -> None:
     size = Settings.from_host(host).shm_size  # a bad size fails here, before anything changes
     shm_size(name=f"Size /dev/shm to {size}", size=size)

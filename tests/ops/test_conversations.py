@@ -190,15 +190,15 @@ class FakeHost:
     """A testinfra host whose shell answers `gemmaserve status`'s probe with the stub's replicas: what reading
     the counters over ssh gets on a real host."""
 
-    def __init__(self, stub: Stub, serving) -> None:
-        self.stub, self.serving, self.commands = stub, serving, []
+    def __init__(self, stub: Stub, host_plan) -> None:
+        self.stub, self.plan, self.commands = stub, host_plan, []
 
     def run(self, command: str):
         self.commands.append(command)
         out = "".join(
             f"active\n{SEPARATOR}\n200\n{SEPARATOR}\n{{}}\n{SEPARATOR}\n{self.stub.metrics(r.index)}{SEPARATOR}\n"
             f"ready\nactive||\n{SEPARATOR}\n"
-            for r in self.serving.replicas
+            for r in self.plan.replicas
         )
         return type("Result", (), {"stdout": out, "rc": 0})()
 
@@ -209,14 +209,14 @@ def two_replica_plan():
 
 def run_stub(stub: Stub, routing: str, names: list[str], policy: str) -> PolicyRun:
     stub.routing = routing
-    serving = two_replica_plan()
-    host = FakeHost(stub, serving)
+    host_plan = two_replica_plan()
+    host = FakeHost(stub, host_plan)
     run = measure(
         stub.endpoint,
         "m",
         WORKLOAD,
         BLOCK,
-        partial(read_counters, host, serving, "stub"),
+        partial(read_counters, host, host_plan, "stub"),
         host="stub",
         policy=policy,
         names=names,
@@ -433,8 +433,8 @@ def test_sandbox_routing_comparison_deploys_each_policy_on_two_replicas():
 
     assert sorted(ROUTING_POLICIES) == sorted(conversations.POLICIES) and not ROUTING_WORKLOAD.problems()
     for policy in ROUTING_POLICIES:
-        serving = plan(spec_from_host_data({**sandbox_host_data(), **routing_host_data(policy)})).require_ok()
-        assert serving.routing.policy == policy and len(serving.replicas) == 2
+        host_plan = plan(spec_from_host_data({**sandbox_host_data(), **routing_host_data(policy)})).require_ok()
+        assert host_plan.routing.policy == policy and len(host_plan.replicas) == 2
 
 
 def test_rounds_send_every_first_turn_before_any_second_in_a_shuffled_order(stub):

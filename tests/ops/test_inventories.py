@@ -34,9 +34,9 @@ def test_gpu8_is_four_tp2_replicas_of_31b(environ):
 
 
 def tpu_record(**changes) -> dict:
-    serving = plan(load_stack_spec("tpu-v6e4", ROOT)).require_ok()
+    host_plan = plan(load_stack_spec("tpu-v6e4", ROOT)).require_ok()
     record = HostRecord.for_plan(
-        serving,
+        host_plan,
         name="gemmaserve-tpu-v6e4-0",
         internal_ip="10.128.0.7",
         external_ip=None,

@@ -186,10 +186,10 @@ def test_the_replicas_stagger_is_a_timeout_in_seconds():
     from roles._lib.render import render
     from roles.replicas import TEMPLATES, Settings, unit_context
 
-    serving = plan(parse_spec({"model": "tiny", "accelerator": {"kind": "cpu", "count": 1}})).require_ok()
+    host_plan = plan(parse_spec({"model": "tiny", "accelerator": {"kind": "cpu", "count": 1}})).require_ok()
     for seconds, checks in [(600, 300), (601, 301), (1, 1)]:
         settings = Settings.from_data({"replicas_stagger_timeout": seconds})
-        unit = render(TEMPLATES / "vllm@.service.j2", **unit_context(serving, settings))
+        unit = render(TEMPLATES / "vllm@.service.j2", **unit_context(host_plan, settings))
         assert (
             f'for i in $(seq 1 {checks}); do curl -fsS -o /dev/null "$GEMMASERVE_WAIT_FOR" && exit 0; sleep 2;' in unit
         )

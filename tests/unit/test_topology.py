@@ -47,7 +47,7 @@ def test_groups_follow_the_topology_not_the_index() -> None:
 
 
 def test_plan_takes_devices_and_affinity_from_the_topology() -> None:
-    serving = plan(
+    host_plan = plan(
         parse_spec(
             {
                 "model": "31b",
@@ -56,7 +56,7 @@ def test_plan_takes_devices_and_affinity_from_the_topology() -> None:
             }
         )
     ).require_ok()
-    placed = with_topology(serving, topo("h100_hgx_topo_m.txt"))
+    placed = with_topology(host_plan, topo("h100_hgx_topo_m.txt"))
     assert [r.devices for r in placed.replicas] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert [r.env["CUDA_VISIBLE_DEVICES"] for r in placed.replicas] == ["0,1,2,3", "4,5,6,7"]
     assert [(r.cpu_affinity, r.numa_node) for r in placed.replicas] == [("0-51,104-155", 0), ("52-103,156-207", 1)]

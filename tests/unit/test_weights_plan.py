@@ -10,7 +10,7 @@ from gemmaserve.spec import SpecError, parse_spec
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
-def serving(weights: dict | None = None, secret: dict | None = None, model: str = "31b"):
+def plan_for(weights: dict | None = None, secret: dict | None = None, model: str = "31b"):
     data = {"model": model, "accelerator": {"kind": "rtx-pro-6000", "count": 2}}
     if weights is not None:
         data["weights"] = weights
@@ -20,7 +20,7 @@ def serving(weights: dict | None = None, secret: dict | None = None, model: str 
 
 
 def test_hub_by_default_with_the_token_and_no_local_copy():
-    result = serving(secret={"secret_manager": "hf-token"})
+    result = plan_for(secret={"secret_manager": "hf-token"})
     replica = result.replicas[0]
     assert result.weights.mode == "hub" and result.weights.local_dir is None
     assert replica.argv[2] == "google/gemma-4-31B-it" and "--revision" not in replica.argv
@@ -28,12 +28,12 @@ def test_hub_by_default_with_the_token_and_no_local_copy():
 
 
 def test_hub_with_a_pinned_revision_passes_it_to_vllm():
-    argv = serving({"revision": REVISION}).replicas[0].argv
+    argv = plan_for({"revision": REVISION}).replicas[0].argv
     assert argv[argv.index("--revision") + 1] == REVISION
 
 
 def test_pull_serves_the_one_local_copy_offline_and_without_the_token():
-    result = serving(
+    result = plan_for(
         {"source": "bucket", "bucket": "gs://acme-weights/team", "revision": REVISION},
         secret={"secret_manager": "hf-token"},
     )
@@ -50,7 +50,7 @@ def test_pull_serves_the_one_local_copy_offline_and_without_the_token():
 
 
 def test_stream_reads_the_bucket_with_the_runai_streamer():
-    replica = serving(
+    replica = plan_for(
         {"source": "bucket", "bucket": "gs://acme-weights", "revision": REVISION, "load": "stream"}
     ).replicas[0]
     assert replica.argv[2] == f"gs://acme-weights/models/google/gemma-4-31B-it/{REVISION}/"
@@ -82,4 +82,4 @@ def test_a_test_model_is_served_from_its_directory():
 )
 def test_bad_weights_input_names_field_value_and_what_is_allowed(weights, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
-        serving(weights)
+        plan_for(weights)

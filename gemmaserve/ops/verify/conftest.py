@@ -40,7 +40,7 @@ def pytest_generate_tests(metafunc) -> None:
     if not hosts:
         raise pytest.UsageError(f"{metafunc.config.getoption('--inventory')}: the inventory has no hosts")
     if "replica" in metafunc.fixturenames:
-        cases = [((name, data, serving), r) for name, data, serving in hosts for r in serving.replicas]
+        cases = [((name, data, plan), r) for name, data, plan in hosts for r in plan.replicas]
         metafunc.parametrize(
             "target,replica", cases, ids=[f"{c[0][0]}-replica{c[1].index}" for c in cases], indirect=["target"]
         )
@@ -49,8 +49,8 @@ def pytest_generate_tests(metafunc) -> None:
 
 
 class Target:
-    def __init__(self, name, fleet_host, serving):
-        self.name, self.data, self.plan = name, fleet_host.data, serving
+    def __init__(self, name, fleet_host, plan):
+        self.name, self.data, self.plan = name, fleet_host.data, plan
         self.host = fleet_host.connect()
         # The endpoint is checked from here, as a client calls it: TLS verified against GEMMASERVE_CA_CERT
         # (else the system's store), with the key in GEMMASERVE_API_KEY (a sandbox host has its own).
@@ -74,7 +74,7 @@ _TARGETS: dict[str, Target] = {}
 
 @pytest.fixture
 def target(request) -> Target:
-    name, data, serving = request.param
+    name, data, plan = request.param
     if name not in _TARGETS:
-        _TARGETS[name] = Target(name, data, serving)
+        _TARGETS[name] = Target(name, data, plan)
     return _TARGETS[name]

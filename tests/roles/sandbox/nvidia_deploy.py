@@ -7,6 +7,6 @@ from gemmaserve.plan import plan
 from gemmaserve.sources import spec_from_host_data
 from roles.nvidia import Settings, nvidia
 
-serving = plan(spec_from_host_data(host.data.dict(), host.name)).require_ok()
+host_plan = plan(spec_from_host_data(host.data.dict(), host.name)).require_ok()
 Settings.from_host(host)
-nvidia(serving)
+nvidia(host_plan)

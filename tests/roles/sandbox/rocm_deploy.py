@@ -9,8 +9,8 @@ from roles.base import Settings as BaseSettings
 from roles.base import base
 from roles.rocm import Settings, rocm
 
-serving = plan(spec_from_host_data(host.data.dict(), host.name)).require_ok()
+host_plan = plan(spec_from_host_data(host.data.dict(), host.name)).require_ok()
 BaseSettings.from_host(host)
 Settings.from_host(host)
 base()
-rocm(serving)
+rocm(host_plan)

@@ -38,13 +38,13 @@ def deployed(sandbox_hosts, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("access")
     result = deploy(host.name, LIMITED, tmp)
     assert result.ok, result.output[-4000:]
-    serving = plan(spec_from_host_data({**sandbox_host_data(), **LIMITED})).require_ok()
+    host_plan = plan(spec_from_host_data({**sandbox_host_data(), **LIMITED})).require_ok()
     # An inventory of this host alone, with the data it was deployed with, for `gemmaserve keys`.
     data = dict(next(h for h in fleet.load("hosts/sandbox.py") if h.name == host.name).data)
     data.update(LIMITED)
     inventory = tmp / "this_host.py"
     inventory.write_text(f"hosts = [({host.name!r}, {data!r})]\n")
-    return host, serving, inventory, result.output
+    return host, host_plan, inventory, result.output
 
 
 def keys(*args: str) -> subprocess.CompletedProcess:
@@ -134,13 +134,13 @@ def test_many_key_changes_in_a_row_all_apply(deployed, sandbox_host):
 def test_rotation_under_load_fails_no_request_and_restarts_nothing(deployed, sandbox_host):
     """A key is added and revoked while another key carries a steady load: the revoked key fails within
     seconds, the load sees no failure, and neither HAProxy nor the replica restarted or reloaded."""
-    host, serving, inventory, _ = deployed
+    host, host_plan, inventory, _ = deployed
     endpoint = sandbox_endpoint(host)
     before = started(sandbox_host)
     # One request at a time on the sandbox key: under its limit of two in flight, so the load's only way to
     # fail is the rotation (at exactly the limit, a request sent as the previous one ends can be counted
     # while that one is still closing in HAProxy).
-    with Load(endpoint, serving.model.hf_id, limit=400, seconds=240, threads=1) as load:
+    with Load(endpoint, host_plan.model.hf_id, limit=400, seconds=240, threads=1) as load:
         wait_until(lambda: load.ok >= 3, 60, "the load to start")
         rotated = add_key(inventory, "rotated")
         assert chat(endpoint, key=rotated)[0] == 200
@@ -324,7 +324,7 @@ def test_one_address_flooding_the_port_leaves_it_to_other_clients(deployed, sand
     import resource
     import socket
 
-    host, serving = deployed[0], deployed[1]
+    host, host_plan = deployed[0], deployed[1]
     endpoint = sandbox_endpoint(host)
     port = urlsplit(endpoint.base_url).port
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -349,14 +349,14 @@ def test_one_address_flooding_the_port_leaves_it_to_other_clients(deployed, sand
         held = conn_cur(table, f"::ffff:{host.gateway}")
         print(
             f"\n[figure] flood on the sandbox: {FLOOD} connections from {host.gateway} opened in {opened:.1f} s; "
-            f"HAProxy held {held} (limit {serving.access.source_max_connections}); {other_source}: chats {statuses}, "
+            f"HAProxy held {held} (limit {host_plan.access.source_max_connections}); {other_source}: chats {statuses}, "
             f"/health {health}; stats {scrape.stdout}"
         )
         assert statuses == [200] * 5 and health == 200
         assert scrape.rc == 0 and scrape.stdout == "200"
         # At most the address's share; a few below it when this address's earlier requests (other tests) count
         # in its 10 s connection rate, whose budget equals the share.
-        limit = serving.access.source_max_connections
+        limit = host_plan.access.source_max_connections
         assert 0.95 * limit <= held <= limit
     finally:
         for sock in flood:
@@ -382,17 +382,17 @@ def test_certificate_file_is_root_only(deployed, sandbox_host):
 def vllm_routes(deployed, sandbox_host) -> list[dict]:
     """The installed vLLM's route table for the replica's own argv (dev-mode and runtime-LoRA routes
     included), checked against the OpenAPI document of the replica that is running."""
-    _, serving, _, _ = deployed
+    _, host_plan, _, _ = deployed
     script = (Path(__file__).parent / "vllm_routes.py").read_text()
     sandbox_host.run(f"cat > /tmp/vllm_routes.py <<'EOF'\n{script}\nEOF")
-    argv = shlex.join(serving.replicas[0].argv[1:])
+    argv = shlex.join(host_plan.replicas[0].argv[1:])
     result = sandbox_host.run(
         f"VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 HF_HUB_OFFLINE=1 "
-        f"{serving.engine.venv}/bin/python /tmp/vllm_routes.py -- {argv}"
+        f"{host_plan.engine.venv}/bin/python /tmp/vllm_routes.py -- {argv}"
     )
     assert result.rc == 0, result.stderr[-2000:]
     routes = json.loads(result.stdout.strip().splitlines()[-1])
-    running = json.loads(sandbox_host.run(f"curl -fsS {serving.replicas[0].url}/openapi.json").stdout)["paths"]
+    running = json.loads(sandbox_host.run(f"curl -fsS {host_plan.replicas[0].url}/openapi.json").stdout)["paths"]
     built = {r["path"] for r in routes}
     assert set(running) <= built, f"the running server has routes the listing lacks: {set(running) - built}"
     print(

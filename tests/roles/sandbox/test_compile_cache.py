@@ -17,7 +17,7 @@ pytestmark = pytest.mark.sandbox
 
 @pytest.fixture(scope="module")
 def compiled(bucket_hosts: BucketHosts):
-    return bucket_hosts.hosts[0], bucket_hosts.serving, bucket_hosts.remotes[0]
+    return bucket_hosts.hosts[0], bucket_hosts.plan, bucket_hosts.remotes[0]
 
 
 def kernels(remote, key: str) -> dict[str, float]:
@@ -54,24 +54,24 @@ def chat(host, model: str) -> str:
 
 
 def test_compiled_replica_serves(compiled):
-    host, serving, remote = compiled
-    replica = serving.replicas[0]
+    host, plan, remote = compiled
+    replica = plan.replicas[0]
     assert "--enforce-eager" not in replica.argv
     env = remote.file("/etc/gemmaserve/replica-0.env").content_string
     assert "VLLM_USE_AOT_COMPILE=0" in env and "--enforce-eager" not in env
     # The role installed what inductor needs to build kernels: a C++ compiler and Python's headers.
     assert remote.package("g++").is_installed and remote.package("python3-dev").is_installed
-    assert chat(host, serving.model.hf_id) in ("length", "stop")
+    assert chat(host, plan.model.hf_id) in ("length", "stop")
 
 
 def test_first_start_compiled_kernels_into_the_shm_cache(compiled):
-    _, serving, remote = compiled
-    assert kernels(remote, serving.replicas[0].cache_key), "torch.compile left no kernels in the /dev/shm cache"
+    _, plan, remote = compiled
+    assert kernels(remote, plan.replicas[0].cache_key), "torch.compile left no kernels in the /dev/shm cache"
 
 
 def test_warm_restart_compiles_nothing(compiled):
-    _, serving, remote = compiled
-    key = serving.replicas[0].cache_key
+    _, plan, remote = compiled
+    key = plan.replicas[0].cache_key
     before = kernels(remote, key)
     restart_and_wait(remote, "systemctl restart vllm@0")
     assert kernels(remote, key) == before
@@ -79,21 +79,21 @@ def test_warm_restart_compiles_nothing(compiled):
 
 def test_cache_restored_from_disk_after_shm_is_wiped(compiled):
     """As after a reboot or a preemption: /dev/shm is empty, the disk copy comes back before vLLM starts."""
-    host, serving, remote = compiled
-    key = serving.replicas[0].cache_key
+    host, plan, remote = compiled
+    key = plan.replicas[0].cache_key
     before = kernels(remote, key)
     # Stopping the restore unit saves to disk (its ExecStop), as at shutdown.
     assert remote.run("systemctl stop vllm@0 && systemctl stop gemmaserve-cache-restore").rc == 0
     assert remote.run('rm -rf /dev/shm/gemmaserve/* && test -z "$(ls /dev/shm/gemmaserve)"').rc == 0
     restart_and_wait(remote, "systemctl start gemmaserve-cache-restore && systemctl start vllm@0")
     assert kernels(remote, key) == before
-    assert chat(host, serving.model.hf_id) in ("length", "stop")
+    assert chat(host, plan.model.hf_id) in ("length", "stop")
 
 
 def test_cold_start_compiles_again(compiled):
     """The check above can fail: with the caches gone everywhere, vLLM does build kernels anew."""
-    _, serving, remote = compiled
-    key = serving.replicas[0].cache_key
+    _, plan, remote = compiled
+    key = plan.replicas[0].cache_key
     assert (
         remote.run("systemctl stop vllm@0 && rm -rf /dev/shm/gemmaserve/* /var/lib/gemmaserve/compile-cache/*").rc == 0
     )

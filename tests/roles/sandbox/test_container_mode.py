@@ -120,16 +120,16 @@ def two_replicas(container_host, sandbox_host, tmp_path_factory):
     result = deploy(container_host.name)
     assert result.returncode == 0, result.output[-4000:]
     print(f"\n[figure] first deploy of two container replicas to {container_host.name}: {result.seconds:.1f} s")
-    serving = plan(spec_from_host_data(sandbox_host_data(container_host.host_data))).require_ok()
-    assert serving.engine.kind == "container" and len(serving.replicas) == 2
-    return container_host, serving, result.output, tmp_path_factory.mktemp("overrides")
+    host_plan = plan(spec_from_host_data(sandbox_host_data(container_host.host_data))).require_ok()
+    assert host_plan.engine.kind == "container" and len(host_plan.replicas) == 2
+    return container_host, host_plan, result.output, tmp_path_factory.mktemp("overrides")
 
 
 @pytest.fixture(scope="module")
 def rebooted(two_replicas, sandbox_host) -> Reboot:
     """An idle reboot of the container host, after the plain stop (see the module's docstring)."""
-    host, serving, _, _ = two_replicas
-    return reboot_host(host, serving, sandbox_host)
+    host, host_plan, _, _ = two_replicas
+    return reboot_host(host, host_plan, sandbox_host)
 
 
 @pytest.fixture(scope="module")
@@ -160,9 +160,9 @@ def test_replica_runs_the_image_by_digest(two_replicas, sandbox_host, served_ima
 
 def test_container_environment_is_exactly_the_plans(two_replicas, sandbox_host):
     """The container gets the plan's variables, nothing of the unit's own (VLLM_ARGS, GEMMASERVE_*)."""
-    _, serving, _, _ = two_replicas
+    _, host_plan, _, _ = two_replicas
     env = dict(e.split("=", 1) for e in json.loads(inspect(sandbox_host, "vllm-1", "{{json .Config.Env}}")))
-    assert {k: env[k] for k in serving.replicas[1].env} == serving.replicas[1].env
+    assert {k: env[k] for k in host_plan.replicas[1].env} == host_plan.replicas[1].env
     assert not [k for k in env if k.startswith("GEMMASERVE_") or k == "VLLM_ARGS"]
 
 
@@ -215,9 +215,9 @@ def test_token_absent_from_image_layers_and_container_storage(two_replicas, sand
 
 def test_flags_are_checked_inside_the_image(two_replicas, sandbox_host):
     """vLLM's parser from the image, as the replicas role runs it before a restart: a typo is refused."""
-    _, serving, _, _ = two_replicas
-    command = argcheck_command(serving)
-    good = serving.replicas[0].argv
+    _, host_plan, _, _ = two_replicas
+    command = argcheck_command(host_plan)
+    good = host_plan.replicas[0].argv
     typo = [a.replace("--max-model-len", "--max-model-length") for a in good]
     result = sandbox_host.run(f"{command} -- {shlex.join(typo[2:])}")
     assert result.rc == 1 and "max-model-length" in result.stdout
@@ -324,11 +324,11 @@ def test_podman_gives_each_gpu8_replica_its_own_gpus(two_replicas, sandbox_host,
     inside (CUDA_VISIBLE_DEVICES=0,1), never the host's indices."""
     spec = load_stack_spec("gpu8", ROOT).model_dump(exclude_none=True)
     spec["engine"] = {"kind": "container", "image": served_image.reference}
-    serving = plan(parse_spec(spec)).require_ok()
-    replica = serving.replicas[index]
+    host_plan = plan(parse_spec(spec)).require_ok()
+    replica = host_plan.replicas[index]
     result = run_unit_command(
         sandbox_host,
-        serving,
+        host_plan,
         replica,
         served_image.reference,
         "ls /dev; env",  # no $VAR: systemd would expand it before the container's shell
@@ -341,13 +341,13 @@ def test_podman_gives_each_gpu8_replica_its_own_gpus(two_replicas, sandbox_host,
 
 
 def run_unit_command(
-    sandbox_host, serving, replica, image: str, shell: str, ulimits: dict[str, str] | None = None, extra: str = ""
+    sandbox_host, host_plan, replica, image: str, shell: str, ulimits: dict[str, str] | None = None, extra: str = ""
 ):
     """Replica `replica`'s ExecStart, expanded by systemd from its env file exactly as vllm@N.service will,
     with `/bin/sh -c shell` in the image instead of `vllm serve`: what the container gets. `ulimits` replaces
     the unit's `--ulimit=NAME=...` flags (by NAME) with values this host's root may set; `extra` flags go before
     the image."""
-    unit = render(TEMPLATES / "vllm@.service.j2", **unit_context(serving)).splitlines()
+    unit = render(TEMPLATES / "vllm@.service.j2", **unit_context(host_plan)).splitlines()
     exec_start = next(line.removeprefix("ExecStart=+") for line in unit if line.startswith("ExecStart="))
     # The unit's resource limits too, as systemd sets them for podman.
     limits = " ".join(f"-p {shlex.quote(line)}" for line in unit if line.startswith(("LimitNOFILE=", "LimitMEMLOCK=")))
@@ -360,7 +360,7 @@ def run_unit_command(
     )
     env_file = f"/tmp/{name}.env"
     container_env = f"/etc/gemmaserve/replica-{name}.container.env"
-    sandbox_host.run(f"cat > {env_file} <<'EOF'\n{render_env(serving, replica)}\nEOF")
+    sandbox_host.run(f"cat > {env_file} <<'EOF'\n{render_env(host_plan, replica)}\nEOF")
     sandbox_host.run(f"cat > {container_env} <<'EOF'\n{render_container_env(replica)}\nEOF")
     try:
         # Quoted for the shell: systemd, not bash, expands $VLLM_ARGS, ${CREDENTIALS_DIRECTORY} and the devices.
@@ -385,7 +385,7 @@ def amd_host_files(two_replicas, sandbox_host):
 def test_podman_runs_an_amd_replicas_unit_command(two_replicas, sandbox_host, served_image, amd_host_files):
     """mi300x in container mode: the real podman accepts the unit's flags (kfd and the DRM tree, the video
     group, no seccomp filter) and vLLM's process runs as the gemmaserve user in the video group."""
-    serving = plan(
+    host_plan = plan(
         parse_spec(
             {
                 "model": "31b",
@@ -395,7 +395,7 @@ def test_podman_runs_an_amd_replicas_unit_command(two_replicas, sandbox_host, se
         )
     ).require_ok()
     result = run_unit_command(
-        sandbox_host, serving, serving.replicas[0], served_image.reference, "id; ls /dev /dev/dri"
+        sandbox_host, host_plan, host_plan.replicas[0], served_image.reference, "id; ls /dev /dev/dri"
     )
     assert result.rc == 0, result.stderr
     assert "uid=" in result.stdout and "(gemmaserve)" in result.stdout and "(video)" in result.stdout
@@ -407,8 +407,8 @@ def test_podman_runs_a_tpu_replicas_unit_command(two_replicas, sandbox_host, ser
     privileges, the host's /dev/shm for the XLA cache) and the plan's environment reaches the process."""
     spec = load_stack_spec("tpu-v6e4", ROOT).model_dump(exclude_none=True)
     spec["engine"] = {"kind": "container", "image": served_image.reference}
-    serving = plan(parse_spec(spec)).require_ok()
-    replica = serving.replicas[0]
+    host_plan = plan(parse_spec(spec)).require_ok()
+    replica = host_plan.replicas[0]
     # Stand-ins for a TPU VM's nodes (VFIO's container node is misc 10:196; each chip an IOMMU group's node, of
     # the dynamic major vfio registers), so podman finds every --device the unit names.
     vfio = [d for d in replica.container_devices if d.startswith("/dev/vfio/")]
@@ -422,7 +422,7 @@ def test_podman_runs_a_tpu_replicas_unit_command(two_replicas, sandbox_host, ser
     # passes to crun with its defaults for open files and processes. A TPU VM's root may raise all three; a sandbox
     # host's root may not raise its hard limits (no CAP_SYS_RESOURCE inside systemd-nspawn: crun's setrlimit
     # fails), so the probe asks for this host's own hard limits instead, every other flag as the unit has it.
-    assert "--ulimit=memlock=-1:-1" in container_flags(serving)
+    assert "--ulimit=memlock=-1:-1" in container_flags(host_plan)
     limits = sandbox_host.file("/proc/1/limits").content_string
     hard = {
         name: re.search(rf"^{label}\s+\S+\s+(\S+)", limits, re.M).group(1).replace("unlimited", "-1")
@@ -434,7 +434,7 @@ def test_podman_runs_a_tpu_replicas_unit_command(two_replicas, sandbox_host, ser
     sandbox_host.run(f"touch /dev/shm/{marker}")
     try:
         result = run_unit_command(
-            sandbox_host, serving, replica, served_image.reference, "ls /dev/shm; env", ulimits, probe_flags
+            sandbox_host, host_plan, replica, served_image.reference, "ls /dev/shm; env", ulimits, probe_flags
         )
     finally:
         sandbox_host.run(f"rm -f /dev/shm/{marker}")
@@ -447,12 +447,12 @@ def test_podman_runs_a_tpu_replicas_unit_command(two_replicas, sandbox_host, ser
 def test_vllm_bench_runs_from_the_image(two_replicas, sandbox_host):
     """`gemmaserve bench`'s command in container mode, run by the real podman: the image's own `vllm bench
     serve` through HAProxy over TLS (the sandbox's CA under the mounted result directory), the key on stdin."""
-    host, serving, _, _ = two_replicas
+    host, host_plan, _, _ = two_replicas
     balancer = sandbox_endpoint(host)
     ca = f"{RESULT_DIR}/ca.pem"
     pem = Path(balancer.credentials.ca_cert).read_text()
     sandbox_host.run(f"mkdir -p {RESULT_DIR} && cat > {ca} <<'EOF'\n{pem}\nEOF")
-    command = bench_command(serving, "balanced", 8, 4, 1, 2, balancer.root, ca)
+    command = bench_command(host_plan, "balanced", 8, 4, 1, 2, balancer.root, ca)
     assert command.count(f"{PODMAN} run ") == 1
     rc, _, _ = fleet.run_with_secret(sandbox_host, command, balancer.credentials.api_key)
     assert rc == 0, sandbox_host.run(f"tail -20 {RESULT_DIR}/balanced-c1.log").stdout

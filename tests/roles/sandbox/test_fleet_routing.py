@@ -94,12 +94,12 @@ def served_since(remotes: list, port: int, before: list[dict[str, float]], count
 
 @pytest.fixture(scope="module")
 def fleet_hosts(bucket_hosts: BucketHosts, tmp_path_factory):
-    up, remotes, serving = bucket_hosts.hosts, bucket_hosts.remotes, bucket_hosts.serving
+    up, remotes, plan = bucket_hosts.hosts, bucket_hosts.remotes, bucket_hosts.plan
     inventory = tmp_path_factory.mktemp("fleet") / "fleet_inventory.py"
     inventory.write_text(INVENTORY.format(fleet=FLEET, names=[host.name for host in up], extra=bucket_hosts.data))
-    with peer_port_open_between(up, fleet_peer_port(serving.router_port)):
+    with peer_port_open_between(up, fleet_peer_port(plan.router_port)):
         started = [
-            remote.check_output(f"systemctl show -p ActiveEnterTimestampMonotonic --value {serving.replicas[0].unit}")
+            remote.check_output(f"systemctl show -p ActiveEnterTimestampMonotonic --value {plan.replicas[0].unit}")
             for remote in remotes
         ]
         result = pyinfra_fleet.run_pyinfra(
@@ -108,7 +108,7 @@ def fleet_hosts(bucket_hosts: BucketHosts, tmp_path_factory):
         assert result.returncode == 0, result.output[-4000:]
         # Joining the fleet is a router change: no replica restarted.
         assert started == [
-            remote.check_output(f"systemctl show -p ActiveEnterTimestampMonotonic --value {serving.replicas[0].unit}")
+            remote.check_output(f"systemctl show -p ActiveEnterTimestampMonotonic --value {plan.replicas[0].unit}")
             for remote in remotes
         ]
         try:
@@ -138,8 +138,8 @@ def fleet_hosts(bucket_hosts: BucketHosts, tmp_path_factory):
 
 
 def test_each_conversation_reaches_one_hosts_replica_through_either_host(fleet_hosts: BucketHosts):
-    remotes, serving = fleet_hosts.remotes, fleet_hosts.serving
-    port = serving.replicas[0].port
+    remotes, plan = fleet_hosts.remotes, fleet_hosts.plan
+    port = plan.replicas[0].port
     endpoints = [sandbox_endpoint(host) for host in fleet_hosts.hosts]
     owners = []
     hits_after_first_turn = 0.0
@@ -150,7 +150,7 @@ def test_each_conversation_reaches_one_hosts_replica_through_either_host(fleet_h
             entry = endpoints[turn % 2]
             before = [counters(remote, port) for remote in remotes]
             status, text = entry.request(
-                "/v1/chat/completions", {"model": serving.model.hf_id, "messages": messages, "max_tokens": 4}
+                "/v1/chat/completions", {"model": plan.model.hf_id, "messages": messages, "max_tokens": 4}
             )
             assert status == 200, text
             after = served_since(remotes, port, before, 1)
@@ -173,9 +173,9 @@ def test_each_conversation_reaches_one_hosts_replica_through_either_host(fleet_h
 
 
 def test_a_host_without_replicas_hands_its_conversations_to_the_other(fleet_hosts: BucketHosts):
-    remotes, serving = fleet_hosts.remotes, fleet_hosts.serving
-    port = serving.replicas[0].port
-    unit = serving.replicas[0].unit
+    remotes, plan = fleet_hosts.remotes, fleet_hosts.plan
+    port = plan.replicas[0].port
+    unit = plan.replicas[0].unit
     endpoint = sandbox_endpoint(fleet_hosts.hosts[0])
     # Host 1's only replica stops (drained in its HAProxy first): host 1 answers 503 until host 0's checks see it.
     remotes[1].check_output(f"systemctl stop {unit}")
@@ -187,7 +187,7 @@ def test_a_host_without_replicas_hands_its_conversations_to_the_other(fleet_host
         while time.monotonic() < deadline and sent < 12:
             status, _ = endpoint.request(
                 "/v1/chat/completions",
-                {"model": serving.model.hf_id, "messages": [{"role": "user", "content": f"q {sent}"}], "max_tokens": 2},
+                {"model": plan.model.hf_id, "messages": [{"role": "user", "content": f"q {sent}"}], "max_tokens": 2},
             )
             sent += 1
             failed += status != 200

@@ -163,16 +163,16 @@ def test_preflight_on_the_host_reads_the_repositorys_nvidia_smi(gpu_host):
     assert no_module.returncode == 1 and "no NVIDIA kernel module is loaded" in no_module.stderr
 
 
-def install_unit(host, serving, extra: dict[str, str] | None = None) -> None:
+def install_unit(host, host_plan, extra: dict[str, str] | None = None) -> None:
     """The rendered vllm@.service (and drop-ins) into the host, with a stub at the venv's vllm."""
-    unit = render(TEMPLATES / "vllm@.service.j2", **unit_context(serving))
+    unit = render(TEMPLATES / "vllm@.service.j2", **unit_context(host_plan))
     files = {"/etc/systemd/system/vllm@.service": unit, **(extra or {})}
     # The sandbox binds the shared venvs read-only there: cover them (once) with a tmpfs for the stub.
     script = ['[ "$(stat -f -c %T /opt/gemmaserve/venvs)" = tmpfs ] || mount -t tmpfs tmpfs /opt/gemmaserve/venvs']
     script.append(
-        f"mkdir -p {serving.engine.venv}/bin && printf '#!/bin/sh\\nexit 0\\n' > {serving.engine.vllm_executable}"
+        f"mkdir -p {host_plan.engine.venv}/bin && printf '#!/bin/sh\\nexit 0\\n' > {host_plan.engine.vllm_executable}"
     )
-    script.append(f"chmod 755 {serving.engine.vllm_executable}")
+    script.append(f"chmod 755 {host_plan.engine.vllm_executable}")
     for path, content in files.items():
         script.append(f"mkdir -p {shlex.quote(str(Path(path).parent))}")
         script.append(f"printf %s {shlex.quote(content)} > {shlex.quote(path)}")
@@ -201,11 +201,11 @@ def device_allow(shown: dict[str, str]) -> list[str]:
 def test_nvidia_unit_passes_systemd_analyze_and_shows_its_policy(gpu_host):
     host, first, _ = gpu_host
     assert first.ok
-    serving = plan(parse_spec(SPEC)).require_ok()
+    host_plan = plan(parse_spec(SPEC)).require_ok()
     topology = parse_topo_matrix((RECORDED / "h100_hgx_topo_m.txt").read_text())
-    serving = with_topology(serving, topology)
-    dropin = affinity_dropin(serving.replicas[2])
-    install_unit(host, serving, {"/etc/systemd/system/vllm@2.service.d/gemmaserve-affinity.conf": dropin})
+    host_plan = with_topology(host_plan, topology)
+    dropin = affinity_dropin(host_plan.replicas[2])
+    install_unit(host, host_plan, {"/etc/systemd/system/vllm@2.service.d/gemmaserve-affinity.conf": dropin})
     verify = sh(host, "systemd-analyze verify vllm@2.service gemmaserve-nvidia-devices.service")
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "Unknown" not in verify.stdout + verify.stderr and "ignoring" not in verify.stdout + verify.stderr
@@ -246,9 +246,9 @@ def test_nvidia_unit_passes_systemd_analyze_and_shows_its_policy(gpu_host):
 )
 def test_amd_and_tpu_units_pass_systemd_analyze(gpu_host, spec, allow, memlock):
     host, _, _ = gpu_host
-    serving = plan(parse_spec(spec)).require_ok()
-    assert serving.engine.kind == "wheel"
-    install_unit(host, serving)
+    host_plan = plan(parse_spec(spec)).require_ok()
+    assert host_plan.engine.kind == "wheel"
+    install_unit(host, host_plan)
     verify = sh(host, "systemd-analyze verify vllm@0.service")
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "Unknown" not in verify.stdout + verify.stderr
@@ -262,9 +262,9 @@ def test_amd_and_tpu_units_pass_systemd_analyze(gpu_host, spec, allow, memlock):
 def test_units_that_systemd_rejects_are_caught(gpu_host):
     """The oracle can fail: a directive systemd does not know is an error of systemd-analyze verify."""
     host, _, _ = gpu_host
-    serving = plan(parse_spec(SPEC)).require_ok()
+    host_plan = plan(parse_spec(SPEC)).require_ok()
     install_unit(
-        host, serving, {"/etc/systemd/system/vllm@0.service.d/broken.conf": "[Service]\nDeviceAlow=char-nvidia rw\n"}
+        host, host_plan, {"/etc/systemd/system/vllm@0.service.d/broken.conf": "[Service]\nDeviceAlow=char-nvidia rw\n"}
     )
     verify = sh(host, "systemd-analyze verify vllm@0.service")
     sh(host, "rm -rf /etc/systemd/system/vllm@0.service.d && systemctl daemon-reload")

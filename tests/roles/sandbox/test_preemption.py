@@ -70,12 +70,12 @@ def spot_host(sandbox_hosts, sandbox_host, tmp_path_factory):
     result = deploy(host.name, SPOT, tmp_path)
     assert result.returncode == 0, result.output[-4000:]
     print(f"\n[figure] deploy adding the preemption drain: {result.seconds:.1f} s")
-    serving = plan(spec_from_host_data({**sandbox_host_data(), **SPOT})).require_ok()
+    host_plan = plan(spec_from_host_data({**sandbox_host_data(), **SPOT})).require_ok()
     endpoint = sandbox_endpoint(host)
     wait_until(lambda: health(endpoint) == 200, 300, "the endpoint to serve")
-    yield host, serving, tmp_path, endpoint
+    yield host, host_plan, tmp_path, endpoint
     sandbox_host.run(f"systemctl stop {FAKE_UNIT}; rm -rf /opt/gemmaserve-test")
-    for replica in serving.replicas:
+    for replica in host_plan.replicas:
         sandbox_host.run(f"python3 /opt/gemmaserve/lib/haproxy_admin.py ready vllm/replica{replica.index}")
 
 
@@ -161,9 +161,9 @@ def test_unit_is_installed_and_valid(spot_host, sandbox_host):
 
 
 def test_preemption_notice_under_load_loses_no_request_started_before_it(spot_host, sandbox_host):
-    host, serving, _, endpoint = spot_host
+    host, host_plan, _, endpoint = spot_host
     assert health(endpoint) == 200
-    with StreamingLoad(endpoint, serving.model.hf_id, seconds=60) as load:
+    with StreamingLoad(endpoint, host_plan.model.hf_id, seconds=60) as load:
         wait_until(lambda: sum(s.ok for s in load.streams) >= 2, 60, "the load to start")
         # The notice lands while streams are half way: they must run to their end on a drained replica.
         wait_until(lambda: len(load.in_flight(min_chunks=20)) >= 2, 60, "two streams in the middle of their answer")

@@ -56,9 +56,9 @@ def two_replicas(sandbox_hosts, sandbox_host, tmp_path_factory):
     data = two_replica_data(tmp_path)
     result = deploy(host.name, data, tmp_path)
     assert result.returncode == 0, result.output[-4000:]
-    serving = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
+    host_plan = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
     DEPLOYED[host.name] = data
-    return host, serving, result.output, tmp_path
+    return host, host_plan, result.output, tmp_path
 
 
 # The host data each host of this module was last deployed with (the rolling restart changes it).
@@ -129,7 +129,7 @@ def haproxy_admin_call(sandbox_host, call: str) -> str:
     return result.stdout
 
 
-def replica_counters(sandbox_host, serving) -> list[dict[str, float]]:
+def replica_counters(sandbox_host, host_plan) -> list[dict[str, float]]:
     """Each replica's prefix-cache counters (tokens) from its own /metrics, and HAProxy's sessions for it."""
     from gemmaserve.ops.status import metric_sums
 
@@ -139,7 +139,7 @@ def replica_counters(sandbox_host, serving) -> list[dict[str, float]]:
         )
     )
     counters = []
-    for replica in serving.replicas:
+    for replica in host_plan.replicas:
         sums = metric_sums(sandbox_host.run(f"curl -fsS -m 10 http://127.0.0.1:{replica.port}/metrics").stdout)
         row = rows[f"replica{replica.index}"]
         counters.append(
@@ -177,24 +177,24 @@ def routing_run(
     data["gemmaserve_serving"] = {**data["gemmaserve_serving"], "routing": policy}
     result = deploy(host.name, data, tmp_path)
     assert result.returncode == 0, result.output[-3000:]
-    serving = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
-    assert serving.routing.policy == policy
+    host_plan = plan(spec_from_host_data({**sandbox_host_data(), **data})).require_ok()
+    assert host_plan.routing.policy == policy
     wait_until(lambda: all_up(sandbox_host), 120, "both replicas UP")
     for server in out_of_service:
         haproxy_admin_call(sandbox_host, f"haproxy_admin.command('disable server vllm/{server}')")
     # HAProxy's peak sessions per server (smax) and its totals start from zero for this run.
     haproxy_admin_call(sandbox_host, "haproxy_admin.command('clear counters all')")
-    before = replica_counters(sandbox_host, serving)
+    before = replica_counters(sandbox_host, host_plan)
     endpoint = sandbox_endpoint(host)
     names = [f"{name}-{TOPICS[i % len(TOPICS)]}-{i}" for i in range(ROUTING_CONVERSATIONS)]
     started = time.monotonic()
     try:
-        run_conversations(endpoint, serving.model.hf_id, names)
+        run_conversations(endpoint, host_plan.model.hf_id, names)
     finally:
         for server in out_of_service:
             haproxy_admin_call(sandbox_host, f"haproxy_admin.command('enable server vllm/{server}')")
     seconds = time.monotonic() - started
-    after = replica_counters(sandbox_host, serving)
+    after = replica_counters(sandbox_host, host_plan)
     return RoutingRun(
         name,
         hits=sum(a["hits"] - b["hits"] for a, b in zip(after, before, strict=True)),
@@ -213,7 +213,7 @@ def test_prefix_affinity_reuses_each_conversations_prefix_within_the_load_bound(
     held more requests at once than HAProxy's bound lets it
     (hash-balance-factor: a replica takes one more only while it holds fewer than factor x (in flight + 1) /
     replicas, rounded up). least-outstanding is measured beside it."""
-    host, serving, _, tmp_path = two_replicas
+    host, host_plan, _, tmp_path = two_replicas
     runs = [
         routing_run(host, sandbox_host, tmp_path, "one-replica", "prefix-affinity", ("replica1",)),
         routing_run(host, sandbox_host, tmp_path, "least-outstanding", "least-outstanding"),
@@ -236,7 +236,7 @@ def test_prefix_affinity_reuses_each_conversations_prefix_within_the_load_bound(
     # 10 % more than least-outstanding on the same traffic (1.24-1.57x measured) and at least half of the ideal.
     assert ideal.hits > 0 and affine.hit_rate >= 0.5 * ideal.hit_rate, (affine, ideal)
     assert affine.hit_rate >= 1.1 * least.hit_rate, (affine, least)
-    bound = math.ceil(serving.routing.load_bound_percent / 100 * (ROUTING_THREADS + 1) / len(serving.replicas))
+    bound = math.ceil(host_plan.routing.load_bound_percent / 100 * (ROUTING_THREADS + 1) / len(host_plan.replicas))
     assert max(affine.peaks) <= bound, (affine.peaks, bound)
     assert all(requests > 0 for requests in affine.requests), "one replica took every conversation"
 
@@ -321,15 +321,15 @@ def test_sigkilled_replica_fails_no_request_sent_after_the_kill_and_is_restarted
     request that kills its replica fed to every replica; docs/security.md), so at most one per client fails,
     and the client retries. systemd restarts the replica, checked even when an assertion before it fails, so
     the module's later tests find both replicas serving."""
-    host, serving, _, _ = two_replicas
+    host, host_plan, _, _ = two_replicas
     before = int(sandbox_host.run("systemctl show -p NRestarts --value vllm@0").stdout.strip())
     # The vLLM server itself, whichever engine runs it (under podman: a process of the container).
     pid = server_pid(sandbox_host, 0)
     assert pid
     try:
-        with Load(sandbox_endpoint(host), serving.model.hf_id, limit=60, seconds=240) as load:
+        with Load(sandbox_endpoint(host), host_plan.model.hf_id, limit=60, seconds=240) as load:
             wait_until(lambda: load.ok >= 5, 60, "the load to start")
-            kill_and_wait_for_refusal(sandbox_host, pid, serving.replicas[0].port)
+            kill_and_wait_for_refusal(sandbox_host, pid, host_plan.replicas[0].port)
             landed = time.monotonic()
             wait_until(lambda: load.ok >= 40, 200, "40 requests after the kill")
         after = load.failures_sent_after(landed)
@@ -363,11 +363,11 @@ def test_unchanged_replica_is_never_restarted(two_replicas, sandbox_host):
 
 
 def test_rolling_restart_keeps_serving_and_restarts_every_changed_replica(two_replicas, sandbox_host):
-    host, serving, _, tmp_path = two_replicas
+    host, host_plan, _, tmp_path = two_replicas
     started = [unit_started(sandbox_host, i) for i in (0, 1)]
     changed = two_replica_data(tmp_path, max_num_seqs=32)
     try:
-        with Load(sandbox_endpoint(host), serving.model.hf_id, limit=20000, seconds=600, threads=2) as load:
+        with Load(sandbox_endpoint(host), host_plan.model.hf_id, limit=20000, seconds=600, threads=2) as load:
             wait_until(lambda: load.ok >= 3, 60, "the load to start")
             result = deploy(host.name, changed, tmp_path)
         print(f"\n[figure] rolling restart of 2 replicas under load: {load.ok} ok, {len(load.failures)} failed")
@@ -422,11 +422,11 @@ def test_plain_stop_under_load_finishes_every_accepted_request(two_replicas, san
     """`systemctl stop vllm@0`, not the deploy's rolling restart, under streaming and non-streaming load:
     the replica leaves HAProxy, finishes the requests it holds and exits within the drain bound; the
     other replica takes the new ones; no request fails."""
-    host, serving, _, _ = two_replicas
+    host, host_plan, _, _ = two_replicas
     wait_until(lambda: all_up(sandbox_host), 240, "both replicas UP")
     load = Load(
         sandbox_endpoint(host),
-        serving.model.hf_id,
+        host_plan.model.hf_id,
         limit=10000,
         seconds=400,
         threads=4,
@@ -440,7 +440,7 @@ def test_plain_stop_under_load_finishes_every_accepted_request(two_replicas, san
         busy, stop_s = stop.stdout.split()
         served = load.ok
         wait_until(lambda: load.ok >= served + 6 or bool(load.failures), 180, "requests served by replica 1 alone")
-    engine = serving.engine.kind
+    engine = host_plan.engine.kind
     print(
         f"\n[figure] systemctl stop of a busy replica ({engine}): {float(stop_s):.1f} s with {busy} requests "
         f"running on it (bound {SHUTDOWN_TIMEOUT} s); load: {load.ok} ok, {len(load.failures)} failed"
@@ -483,11 +483,11 @@ class Reboot:
     marker: str
 
 
-def reboot_host(host, serving, sandbox_host, load: Load | None = None) -> Reboot:
+def reboot_host(host, host_plan, sandbox_host, load: Load | None = None) -> Reboot:
     """Reboot `host` (with `load` running through it, if given) once both replicas are UP, after putting a
     marker in replica 0's compile cache on /dev/shm; returns when both replicas are UP again."""
     wait_until(lambda: all_up(sandbox_host), 240, "both replicas UP")
-    marker = f"/dev/shm/gemmaserve/{serving.replicas[0].cache_key}/vllm/gemmaserve-reboot-marker"
+    marker = f"/dev/shm/gemmaserve/{host_plan.replicas[0].cache_key}/vllm/gemmaserve-reboot-marker"
     assert sandbox_host.run(f"echo survived > {marker}").rc == 0
     pid1_before = sandbox_host.run("stat -c %Z /proc/1").stdout.strip()
     if load:
@@ -517,10 +517,10 @@ def rebooted(two_replicas, sandbox_host, serving_peer) -> Reboot:
     host = two_replicas[0]
     # The plan the host runs now (the rolling restart changed it): its compile-cache keys are what the
     # shutdown saves.
-    serving = plan(spec_from_host_data({**sandbox_host_data(), **DEPLOYED[host.name]})).require_ok()
+    host_plan = plan(spec_from_host_data({**sandbox_host_data(), **DEPLOYED[host.name]})).require_ok()
     load = Load(
         [sandbox_endpoint(h) for h in (host, serving_peer)],
-        serving.model.hf_id,
+        host_plan.model.hf_id,
         limit=10000,
         seconds=500,
         threads=4,
@@ -528,39 +528,39 @@ def rebooted(two_replicas, sandbox_host, serving_peer) -> Reboot:
         stream_tokens=STREAM_TOKENS,
     )
     with load:
-        return reboot_host(host, serving, sandbox_host, load)
+        return reboot_host(host, host_plan, sandbox_host, load)
 
 
 def test_reboot_under_load_with_a_second_host_serving(two_replicas, sandbox_host, rebooted):
     """Every request the rebooting host accepted finishes, streams included: HAProxy stops first and
     gracefully, then the replicas."""
-    _, serving, _, _ = two_replicas
+    _, host_plan, _, _ = two_replicas
     load = rebooted.load
     in_flight = load.in_flight_at(rebooted.began, 0)
     stops = stop_times(sandbox_host)
     drain = "gemmaserve-router-drain.service"
     needed = [("Stopping", drain), ("Stopped", drain)]
-    needed += [(what, r.unit) for r in serving.replicas for what in ("Stopping", "Stopped")]
+    needed += [(what, r.unit) for r in host_plan.replicas for what in ("Stopping", "Stopped")]
     missing = [key for key in needed if key not in stops]
     drained = stops.get(("Stopped", drain), float("nan"))
     print(
-        f"\n[figure] reboot under load ({serving.engine.kind}, a second host serving): shutdown and boot "
+        f"\n[figure] reboot under load ({host_plan.engine.kind}, a second host serving): shutdown and boot "
         f"{rebooted.down_s:.1f} s, {in_flight} requests in flight at the reboot finished, {load.rerouted} sent to "
         f"the other host, {load.ok} ok, {len(load.failures)} failed; HAProxy's graceful stop "
         f"{drained - stops.get(('Stopping', drain), float('nan')):.1f} s, then the replicas "
-        f"{max(stops.get(('Stopped', r.unit), float('nan')) for r in serving.replicas) - drained:.1f} s"
+        f"{max(stops.get(('Stopped', r.unit), float('nan')) for r in host_plan.replicas) - drained:.1f} s"
     )
     assert load.failures == []
     assert in_flight >= 1, "nothing was in flight on the rebooting host: the test proved nothing"
     # The first reboot after a deploy (the target the replicas belong to was never started) is the one
     # where an order through gemmaserve.target alone did not hold: systemd's own journal says what ran when.
     assert not missing, f"systemd's journal of the previous boot lacks {missing}: {stops}"
-    replicas = [stops["Stopping", replica.unit] for replica in serving.replicas]
+    replicas = [stops["Stopping", replica.unit] for replica in host_plan.replicas]
     assert all(stopping >= drained for stopping in replicas), f"replicas stopped beside HAProxy: {stops}"
 
 
 def test_reboot_brings_units_router_and_compile_cache_back(two_replicas, sandbox_host, rebooted):
-    host, serving, _, _ = two_replicas
+    host, host_plan, _, _ = two_replicas
     # A new PID 1 (the kernel's /proc/uptime is shared with the outer machine, so it cannot tell).
     assert int(sandbox_host.run("stat -c %Z /proc/1").stdout.strip()) > int(rebooted.pid1_before)
     for unit in ("vllm@0", "vllm@1", "haproxy", "gemmaserve-cache-restore"):
@@ -571,7 +571,7 @@ def test_reboot_brings_units_router_and_compile_cache_back(two_replicas, sandbox
     # /dev/shm is new after a reboot: the marker is there only because it was saved at shutdown and
     # restored before the replicas started.
     assert sandbox_host.file(rebooted.marker).content_string.strip() == "survived"
-    with Load(sandbox_endpoint(host), serving.model.hf_id, limit=5, seconds=240) as load:
+    with Load(sandbox_endpoint(host), host_plan.model.hf_id, limit=5, seconds=240) as load:
         pass
     assert load.ok >= 1 and load.failures == []
 

@@ -39,23 +39,23 @@ def data(bucket_emulator: SandboxBucket) -> dict:
 def hosts(bucket_hosts: BucketHosts):
     """Host A deployed from the bucket (compiling), its cache saved to the bucket; then host B from the bucket
     (tests/sandbox_fixtures.py; the compile-cache tests and `serving_peer` use them too)."""
-    return bucket_hosts.hosts, bucket_hosts.remotes, bucket_hosts.serving, bucket_hosts.b_started
+    return bucket_hosts.hosts, bucket_hosts.remotes, bucket_hosts.plan, bucket_hosts.b_started
 
 
 def test_host_a_serves_the_pulled_copy(hosts):
-    up, remotes, serving, _ = hosts
-    weights = serving.weights
+    up, remotes, host_plan, _ = hosts
+    weights = host_plan.weights
     remote = remotes[0]
     assert remote.file(f"{weights.local_dir}/.gemmaserve-complete").exists
     assert remote.file(f"{weights.local_dir}/model.safetensors").user == "gemmaserve"
     env = remote.file("/etc/gemmaserve/replica-0.env").content_string
-    assert f"VLLM_ARGS='{weights.local_dir} --served-model-name {serving.model.hf_id}" in env
+    assert f"VLLM_ARGS='{weights.local_dir} --served-model-name {host_plan.model.hf_id}" in env
     assert "HF_HUB_OFFLINE=1" in env
-    assert chat(up[0], serving.model.hf_id) in ("length", "stop")
+    assert chat(up[0], host_plan.model.hf_id) in ("length", "stop")
 
 
 def test_status_lines_say_ready_and_weights_local(hosts):
-    _, remotes, serving, _ = hosts
+    _, remotes, host_plan, _ = hosts
     for remote in remotes:
         replica = remote.run("systemctl show -p StatusText --value vllm@0").stdout
         assert replica.startswith("ready"), replica
@@ -64,26 +64,26 @@ def test_status_lines_say_ready_and_weights_local(hosts):
 
 
 def test_the_compile_cache_is_in_the_bucket_under_the_plans_key(hosts, emulator):
-    _, _, serving, _ = hosts
-    key = serving.replicas[0].cache_key
-    blob = storage_client().bucket(SANDBOX_BUCKET).get_blob(f"{serving.weights.compile_cache_prefix}{key}.tar")
+    _, _, host_plan, _ = hosts
+    key = host_plan.replicas[0].cache_key
+    blob = storage_client().bucket(SANDBOX_BUCKET).get_blob(f"{host_plan.weights.compile_cache_prefix}{key}.tar")
     assert blob is not None and blob.size > 0
 
 
 def test_host_b_compiled_nothing_again(hosts):
     """Every kernel in host B's /dev/shm cache predates its deploy: restored from the bucket, not built."""
-    up, remotes, serving, started = hosts
-    key = serving.replicas[0].cache_key
+    up, remotes, host_plan, started = hosts
+    key = host_plan.replicas[0].cache_key
     found = kernels(remotes[1], key)
     assert found, "no kernels were restored to host B"
     assert max(found.values()) < started, "host B built kernels again"
     restored = remotes[1].run("journalctl -u gemmaserve-cache-restore -o cat").stdout
     assert f"{key}: fetched from gs://{SANDBOX_BUCKET}/" in restored
-    assert chat(up[1], serving.model.hf_id) in ("length", "stop")
+    assert chat(up[1], host_plan.model.hf_id) in ("length", "stop")
 
 
 def test_host_b_never_asked_hugging_face(hosts):
-    _, remotes, serving, _ = hosts
+    _, remotes, host_plan, _ = hosts
     remote = remotes[1]
     # Nothing in the hub cache, no token anywhere, offline mode on, and no hub host in any log.
     assert remote.run("find /var/lib/gemmaserve/hf -path '*hub*' -type f 2>/dev/null | head -1").stdout == ""
@@ -110,7 +110,7 @@ def _replica_pid(remote) -> str:
     ],
 )
 def test_bad_mirror_input_fails_before_any_restart(hosts, data, emulator, tmp_path, case, expected):
-    up, remotes, serving, _ = hosts
+    up, remotes, host_plan, _ = hosts
     remote = remotes[1]
     weights = dict(data["gemmaserve_weights"])
     if case == "missing bucket":
@@ -127,7 +127,7 @@ def test_bad_mirror_input_fails_before_any_restart(hosts, data, emulator, tmp_pa
     assert result.returncode != 0
     assert expected in result.output, result.output[-3000:]
     assert _replica_pid(remote) == pid, "the replica was restarted"
-    assert chat(up[1], serving.model.hf_id) in ("length", "stop")
+    assert chat(up[1], host_plan.model.hf_id) in ("length", "stop")
 
 
 def _mirror_corrupted_revision(tmp_path, emulator) -> str:
@@ -137,11 +137,11 @@ def _mirror_corrupted_revision(tmp_path, emulator) -> str:
     (copy / "NOTICE").write_text(f"revision for a corruption test {time.time_ns()}\n")
     source = LocalSource(copy)
     revision = source.resolve(None)
-    serving = plan(
+    host_plan = plan(
         spec_from_host_data({**sandbox_host_data(), **bucket_host_data(revision)}), available_kv_gib=None
     ).require_ok()
-    mirror(serving.weights, source, progress=lambda _: None)
-    name = f"{serving.weights.object_prefix}model.safetensors"
+    mirror(host_plan.weights, source, progress=lambda _: None)
+    name = f"{host_plan.weights.object_prefix}model.safetensors"
     [backing] = [
         p
         for p in (sandbox_bucket.STATE_DIR / "data" / SANDBOX_BUCKET).rglob("*")
@@ -152,5 +152,7 @@ def _mirror_corrupted_revision(tmp_path, emulator) -> str:
         byte = handle.read(1)
         handle.seek(4096)
         handle.write(bytes([byte[0] ^ 0xFF]))
-    assert json.loads(storage_client().bucket(SANDBOX_BUCKET).blob(serving.weights.manifest_object).download_as_bytes())
+    assert json.loads(
+        storage_client().bucket(SANDBOX_BUCKET).blob(host_plan.weights.manifest_object).download_as_bytes()
+    )
     return revision
