@@ -79,9 +79,9 @@ def _first_token_after(host: state.Host, restart: str, log: Log, timeout: float 
                         model=model, stream=True, max_tokens=4, messages=[{"role": "user", "content": "Hi"}]
                     )
                     with stream:
-                        # The first chunk that carries content (vLLM's first one: the role and "" once the first
-                        # token is out). Read to the end: a stream left open when the next restart stops vLLM
-                        # holds its HTTP server (and the restart) until systemd's stop timeout.
+                        # The first chunk with a content field, as these figures have always been taken. Read to
+                        # the end: a stream left open when the next restart stops vLLM holds its HTTP server (and
+                        # the restart) until systemd's stop timeout.
                         for chunk in stream:
                             if first is None and any(choice.delta.content is not None for choice in chunk.choices):
                                 first = time.monotonic() - started
