@@ -70,7 +70,9 @@ class Replica:
 class Stub:
     """The balancer and its two replicas. `routing`: "affinity" (conversation cN to replica N % 2) or "alternate"
     (turn 1 to replica 0, turn 2 to replica 1, ...). `fail`/`hang`/`drip`: (conversation, turn) to answer 500, to
-    answer nothing for 3 s, or to stream a chunk every 0.1 s for 3 s."""
+    answer nothing for 3 s, or to stream a chunk every 0.1 s for 3 s; `broken`: to stream an error chunk after the
+    200, `no_usage`: to leave the usage chunk out; `reasoning`: (conversation, turn) -> the delta field ("reasoning"
+    or "reasoning_content") that carries 0.5 s of thinking before the answer."""
 
     def __init__(self) -> None:
         self.routing = "affinity"
@@ -78,6 +80,9 @@ class Stub:
         self.fail: set[tuple[str, int]] = set()
         self.hang: set[tuple[str, int]] = set()
         self.drip: set[tuple[str, int]] = set()
+        self.broken: set[tuple[str, int]] = set()
+        self.no_usage: set[tuple[str, int]] = set()
+        self.reasoning: dict[tuple[str, int], str] = {}
         self.lock = threading.Lock()
         self.bodies: list[dict] = []
         stub = self
@@ -150,6 +155,11 @@ class Stub:
             handler.wfile.flush()
 
         event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "usage": None})
+        if (name, turn) in self.broken:  # as vLLM reports an engine error in a stream it has begun
+            return event({"error": {"object": "error", "message": "engine died", "code": 500}})
+        if (name, turn) in self.reasoning:
+            event({"choices": [{"index": 0, "delta": {self.reasoning[name, turn]: "Let me think."}}], "usage": None})
+            time.sleep(0.5)
         if (name, turn) in self.drip:
             for _ in range(30):
                 time.sleep(0.1)
@@ -158,7 +168,9 @@ class Stub:
         for piece in ANSWER:
             event({"choices": [{"index": 0, "delta": {"content": piece}}], "usage": None})
         time.sleep(0.05)
-        event({"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}})
+        if (name, turn) not in self.no_usage:
+            usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
+            event({"choices": [], "usage": usage})
         event("[DONE]")
 
         # vLLM counts a finished request just after handing its last output on: counters lag the answer.
@@ -286,6 +298,31 @@ def test_a_stream_that_runs_past_the_timeout_is_cut_off(stub):
     [turn] = conversations.run_workload(stub.endpoint, "m", ["s1"], workload)
     assert turn.status == 200 and turn.error.startswith("timeout: the stream ran past 0.5 s")
     assert turn.latency < 2.5 and turn.ttft is not None
+
+
+def test_an_error_chunk_in_the_stream_is_a_failed_turn(stub):
+    stub.broken.add(("b1", 1))
+    [turn] = conversations.run_workload(stub.endpoint, "m", ["b1"], WORKLOAD)
+    assert (turn.status, turn.ok) == (200, False) and turn.error.startswith("error in the stream:")
+    assert "engine died" in turn.error
+
+
+def test_a_stream_without_usage_is_a_failed_turn(stub):
+    stub.no_usage.add(("u1", 1))
+    [turn] = conversations.run_workload(stub.endpoint, "m", ["u1"], WORKLOAD)
+    assert (turn.status, turn.ok) == (200, False) and "no usage in the stream" in turn.error
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_the_first_token_may_be_reasoning_and_the_answer_is_only_the_content(stub, field):
+    """vLLM streams a reasoning model's thinking in a delta field of its own (reasoning_content in older releases,
+    reasoning in newer ones): that is generated text, so the first token; the answer resent next turn is the
+    content alone."""
+    stub.reasoning[("r1", 1)] = field
+    workload = Workload(conversations=1, turns=2, clients=1, system_prompt_words=100, max_tokens=3, timeout=5)
+    first, second = conversations.run_workload(stub.endpoint, "m", ["r1"], workload)
+    assert first.ok and second.ok and first.ttft < 0.4 and first.latency >= 0.5
+    assert [m["content"] for m in stub.bodies[-1]["messages"] if m["role"] == "assistant"] == ["alpha beta gamma"]
 
 
 def test_a_wrong_key_is_a_failed_turn(stub):
