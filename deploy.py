@@ -9,13 +9,13 @@ from roles import ROLE_SETTINGS
 from roles.access import access
 from roles.base import base
 from roles.caches import caches
+from roles.hf_token import hf_token
 from roles.monitoring import monitoring
 from roles.nvidia import NvidiaTopology, nvidia
 from roles.preemption import preemption
 from roles.replicas import replicas
 from roles.rocm import rocm
 from roles.router import router
-from roles.secrets import secrets
 from roles.tpu import tpu
 from roles.vllm import vllm
 from roles.weights import weights
@@ -40,7 +40,7 @@ base()
 # Drivers first: they may reboot, and everything after them needs the devices.
 {"nvidia": nvidia, "amd": rocm, "google": tpu}.get(host_plan.accelerator.vendor, lambda _: None)(host_plan)
 vllm(host_plan)
-secrets(host_plan)
+hf_token(host_plan)
 # Weights local (and the mirror checked) before anything restarts: a bad bucket or revision stops here.
 weights(host_plan)
 caches(host_plan)

@@ -18,7 +18,7 @@ gpu8 = [
             "gemmaserve_accelerator": {"kind": "rtx-pro-6000", "count": 8},
             "gemmaserve_workload": {"max_model_len": 32768, "limit_mm_per_prompt": {"image": 4, "audio": 0}},
             "gemmaserve_serving": {"tensor_parallel_size": 2, "replicas": 4},
-            # Outside Google Cloud the token is a root-only file on the host (see roles/secrets), and so are
+            # Outside Google Cloud the token is a root-only file on the host (see roles/hf_token), and so are
             # the API key store (/etc/gemmaserve/api-keys, managed with `gemmaserve keys --inventory`) and
             # the TLS certificate HAProxy serves (/etc/gemmaserve/tls.pem; access_tls_src uploads one).
             "gemmaserve_secret": {"file": "/etc/gemmaserve/hf-token"},

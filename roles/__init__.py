@@ -9,19 +9,19 @@ def _settings() -> tuple:
         access,
         base,
         caches,
+        hf_token,
         monitoring,
         nvidia,
         preemption,
         replicas,
         rocm,
         router,
-        secrets,
         tpu,
         vllm,
         weights,
     )
 
-    roles = (base, nvidia, rocm, tpu, vllm, secrets, weights, caches, access, router, replicas, preemption, monitoring)
+    roles = (base, nvidia, rocm, tpu, vllm, hf_token, weights, caches, access, router, replicas, preemption, monitoring)
     return tuple(m.Settings for m in roles)
 
 

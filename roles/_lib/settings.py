@@ -67,6 +67,9 @@ class RoleSettings(Strict):
     # Settings since renamed: old name (without the prefix) -> what to write now. Host data is user input: an
     # old key is refused naming its replacement, never ignored or read in its old unit.
     renamed: ClassVar[Mapping[str, str]] = {}
+    # Keys under a prefix the role had before it was renamed, whole: old key -> what to write now. Refused
+    # like `renamed`; nothing else reads them.
+    former_keys: ClassVar[Mapping[str, str]] = {}
 
     @field_validator("*")
     @classmethod
@@ -88,10 +91,10 @@ class RoleSettings(Strict):
         """Validate this role's keys of a host's data (unset or None keeps the default)."""
         source = f"host data of {host_name}"
         ours = {k.removeprefix(cls.prefix): v for k, v in data.items() if k.startswith(cls.prefix) and v is not None}
+        problems = [f"{key}: renamed; {then}" for key, then in cls.former_keys.items() if data.get(key) is not None]
         try:
-            return cls.model_validate(ours)
+            settings = cls.model_validate(ours)
         except ValidationError as error:
-            problems = []
             for e in error.errors():
                 key = cls.prefix + ".".join(str(p) for p in e["loc"])
                 if e["type"] == "extra_forbidden" and key.removeprefix(cls.prefix) in cls.renamed:
@@ -102,6 +105,9 @@ class RoleSettings(Strict):
                 else:
                     problems.append(f"{key} = {e['input']!r}: {e['msg'].removeprefix('Value error, ')}")
             raise SpecError(problems, source) from None
+        if problems:
+            raise SpecError(problems, source)
+        return settings
 
     @classmethod
     def from_host(cls, host) -> Self:

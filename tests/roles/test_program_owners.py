@@ -71,5 +71,7 @@ class Host(FakeHost):
 
 def test_a_role_that_needs_base_refuses_to_run_without_it():
     with ctx_host.use(Host({})), ctx_state.use(FakeState()):
-        with pytest.raises(MissingBaseRole, match=r"fixture-host: the secrets role needs hostlib.py, .* call base\(\)"):
-            require_base("secrets")
+        with pytest.raises(
+            MissingBaseRole, match=r"fixture-host: the hf_token role needs hostlib.py, .* call base\(\)"
+        ):
+            require_base("hf_token")

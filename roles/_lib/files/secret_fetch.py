@@ -1,7 +1,7 @@
 """Fetch a secret from Google Secret Manager into a tmpfs file, mode 0400, at unit start.
 
 Runs on serving hosts as a standalone script (stdlib and hostlib, installed beside it) from the units that need a secret:
-gemmaserve-hf-token.service (roles/secrets: the Hugging Face token), gemmaserve-api-keys.service and
+gemmaserve-hf-token.service (roles/hf_token: the Hugging Face token), gemmaserve-api-keys.service and
 gemmaserve-tls.service (roles/access: the API key store and the TLS certificate):
 
     python3 secret_fetch.py SECRET OUT

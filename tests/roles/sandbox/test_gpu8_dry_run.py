@@ -29,7 +29,7 @@ def dry_run(sandbox_hosts, tmp_path_factory):
         **host.ssh_data(),
         "gemmaserve_gpu_facts": {"gpu_count": 8, "kernel_module": None},
         # gpu8 reads its token and its TLS certificate from files on the host; a dry run only plans the uploads.
-        "secrets_hf_token_src": str(token),
+        "hf_token_src": str(token),
         "access_tls_src": str(tls_bundle),
     }
     inventory = tmp_path_factory.mktemp("inventory") / "gpu8_on_sandbox.py"

@@ -39,7 +39,7 @@ def two_replica_data(tmp_path: Path, **workload) -> dict:
     data = {
         "gemmaserve_accelerator": {"kind": "cpu", "count": 2},
         "gemmaserve_secret": {"file": TOKEN_FILE},
-        "secrets_hf_token_src": str(local_token),
+        "hf_token_src": str(local_token),
         # The load generators here are not rate-limited clients: a rolling restart's 2 threads of short requests
         # passed the default 600 requests per minute per key in CI, and the 429s counted as failed requests.
         "gemmaserve_serving": {"shutdown_timeout": SHUTDOWN_TIMEOUT, "api_keys": {"requests_per_minute": 100_000}},

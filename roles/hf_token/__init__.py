@@ -22,9 +22,11 @@ FETCH_UNIT = "gemmaserve-hf-token.service"
 
 
 class Settings(RoleSettings):
-    prefix = "secrets_"
+    prefix = "hf_token_"
     # A token file on the control machine to install at the spec's secret.file path (mode 0400).
-    hf_token_src: LocalFile | None = None
+    src: LocalFile | None = None
+    # This role was `secrets`, its one key secrets_hf_token_src.
+    former_keys = {"secrets_hf_token_src": "write hf_token_src (the secrets role is now hf_token)"}
 
 
 class MissingSecret(Exception):
@@ -32,7 +34,7 @@ class MissingSecret(Exception):
 
 
 @deploy("Provide the Hugging Face token", data_defaults=Settings.defaults())
-def secrets(plan: Plan) -> None:
+def hf_token(plan: Plan) -> None:
     source = plan.spec.secret
     if source is None:
         return
@@ -43,24 +45,24 @@ def secrets(plan: Plan) -> None:
 
 
 def _file_source(path: str, settings: Settings) -> None:
-    if settings.hf_token_src:
+    if settings.src:
         managed_secret(
             name=f"Install the Hugging Face token file {path}",
             dest=path,
-            content=Path(settings.hf_token_src),
+            content=Path(settings.src),
             current=HostState(host, paths=[path]).path(path),
         )
         return
     if not host.get_fact(File, path=path):
         raise MissingSecret(
             f"{host.name}: secret.file = {path!r}: no such file on the host; place the token there "
-            "(mode 0400) or set secrets_hf_token_src to a local file to upload"
+            "(mode 0400) or set hf_token_src to a local file to upload"
         )
 
 
 def _secret_manager_source(secret: str) -> None:
     # The Secret Manager fetcher the unit runs is the base role's.
-    require_base("secrets")
+    require_base("hf_token")
     script, unit_path = installed_path("secret_fetch.py"), f"/etc/systemd/system/{FETCH_UNIT}"
     now = HostState(host, paths=[unit_path], units=[FETCH_UNIT])
     # Enabled: it runs at boot, before the replicas (and the weights unit that needs the token).
