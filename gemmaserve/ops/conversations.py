@@ -279,10 +279,10 @@ class ReplicaCounters:
         return cls.of(replica_status("", index, "", "", "", text))
 
 
-def read_counters(target, serving: Plan, host: str = "") -> list[ReplicaCounters]:
+def read_counters(target, plan: Plan, host: str = "") -> list[ReplicaCounters]:
     """Every replica's counters on one host, read over ssh on `target` (a testinfra host) as `gemmaserve status`
     reads them: the replicas listen on the host's loopback, behind its balancer."""
-    return [ReplicaCounters.of(status) for status in read_host(host, serving, target)]
+    return [ReplicaCounters.of(status) for status in read_host(host, plan, target)]
 
 
 def counter_deltas(before: Sequence[ReplicaCounters], after: Sequence[ReplicaCounters]) -> list[ReplicaCounters]:

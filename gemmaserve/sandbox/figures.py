@@ -300,10 +300,10 @@ def _measure_weights(figures: dict, emulator, model_dir: Path, weights_bytes: in
     source = LocalSource(model_dir)
     local_data = {"gemmaserve_model": "test-1g", "gemmaserve_workload": {**DEFAULT_DATA["gemmaserve_workload"]}}
     pulled_data = {**local_data, **bucket_host_data(source.resolve(None), model="test-1g")}
-    serving = plan(spec_from_host_data({**sandbox_host_data(), **pulled_data})).require_ok()
-    report = mirror(serving.weights, source, client=client, progress=log)
+    host_plan = plan(spec_from_host_data({**sandbox_host_data(), **pulled_data})).require_ok()
+    report = mirror(host_plan.weights, source, client=client, progress=log)
     figures["mirror_mib_s"] = report.mib_per_s
-    figures["bucket_read_mib_s"] = _bucket_read_mib_s(serving.weights, log)
+    figures["bucket_read_mib_s"] = _bucket_read_mib_s(host_plan.weights, log)
     figures["floor_bucket_s"] = weights_bytes / 2**20 / figures["bucket_read_mib_s"]
     indices = state.free_indices(2)
     hosts = lifecycle.up_hosts(indices, log=log)
@@ -316,7 +316,7 @@ def _measure_weights(figures: dict, emulator, model_dir: Path, weights_bytes: in
         )
         _deploy_with(first, pulled_data, log)
         pull = (
-            f"systemctl stop vllm@0 && rm -rf {serving.weights.local_dir} && "
+            f"systemctl stop vllm@0 && rm -rf {host_plan.weights.local_dir} && "
             "systemctl restart gemmaserve-weights && systemctl start --no-block vllm@0"
         )
         _drop_page_cache()
@@ -328,7 +328,7 @@ def _measure_weights(figures: dict, emulator, model_dir: Path, weights_bytes: in
             f"{figures['first_token_weights_pulled_s']:.1f} s; floors: disk {figures['floor_disk_s']:.1f} s, "
             f"bucket {figures['floor_bucket_s']:.1f} s"
         )
-        figures.update(_second_host_warm_vs_cold(hosts, serving.weights.revision, log))
+        figures.update(_second_host_warm_vs_cold(hosts, host_plan.weights.revision, log))
     finally:
         lifecycle.down([h.name for h in hosts], log=log)
     return figures
@@ -393,8 +393,8 @@ def _tiny_revision() -> str:
 
     source = LocalSource(TINY_MODEL_DIR)
     revision = source.resolve(None)
-    serving = plan(spec_from_host_data({**sandbox_host_data(), **bucket_host_data(revision)})).require_ok()
-    mirror(serving.weights, source, client=storage_client(), progress=lambda _: None)
+    host_plan = plan(spec_from_host_data({**sandbox_host_data(), **bucket_host_data(revision)})).require_ok()
+    mirror(host_plan.weights, source, client=storage_client(), progress=lambda _: None)
     return revision
 
 
@@ -438,7 +438,7 @@ def _run_names(workload: conversations.Workload, run: int) -> list[str]:
     return conversations.conversation_names(workload.conversations, f"routing-run{run}")
 
 
-def _warm_up(target, serving, workload: conversations.Workload, log: Log) -> None:
+def _warm_up(target, host_plan, workload: conversations.Workload, log: Log) -> None:
     """A few requests of the workload's sizes straight to each replica before the first measured run: a replica's
     first batches of new shapes run slower, and a slower replica draws fewer requests under least-outstanding
     (measured: a 91 / 9 share on a first run without this). Their prefixes are no measured conversation's."""
@@ -446,10 +446,10 @@ def _warm_up(target, serving, workload: conversations.Workload, log: Log) -> Non
 
     started = time.monotonic()
     names = conversations.conversation_names(4, "warm-up")
-    for replica in serving.replicas:
+    for replica in host_plan.replicas:
         for name in names:
             body = {
-                "model": serving.model.hf_id,
+                "model": host_plan.model.hf_id,
                 "max_tokens": workload.max_tokens,
                 "messages": [
                     {"role": "system", "content": conversations.system_prompt(name, workload.system_prompt_words)},
@@ -463,7 +463,7 @@ def _warm_up(target, serving, workload: conversations.Workload, log: Log) -> Non
             if result.rc != 0:
                 raise RuntimeError(f"warm-up of replica {replica.index} failed: {result.stderr.strip()[:300]}")
     log(
-        f"warmed up {len(serving.replicas)} replicas with {len(names)} requests each in {time.monotonic() - started:.1f} s"
+        f"warmed up {len(host_plan.replicas)} replicas with {len(names)} requests each in {time.monotonic() - started:.1f} s"
     )
 
 
@@ -492,24 +492,26 @@ def measure_routing(
             data = routing_host_data(policy)
             seconds = _deploy_with(host, data, log)
             fleet_host = FleetHost(host.name, {**host.ssh_data(), **sandbox_host_data(host.host_data), **data})
-            serving, target = fleet_host.plan, fleet_host.connect()
-            if serving.routing.policy != policy or len(serving.replicas) != 2:
-                raise RuntimeError(f"{host.name}: planned {serving.routing.policy}, {len(serving.replicas)} replicas")
+            host_plan, target = fleet_host.plan, fleet_host.connect()
+            if host_plan.routing.policy != policy or len(host_plan.replicas) != 2:
+                raise RuntimeError(
+                    f"{host.name}: planned {host_plan.routing.policy}, {len(host_plan.replicas)} replicas"
+                )
             log(f"{policy}: deployed in {seconds:.1f} s; waiting for both replicas behind HAProxy")
             deadline = time.monotonic() + 120
-            while not _backends_up(target, len(serving.replicas)):
+            while not _backends_up(target, len(host_plan.replicas)):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{host.name}: both replicas not UP in HAProxy 120 s after deploying {policy}")
                 time.sleep(1)
             if not runs:
-                _warm_up(target, serving, workload, log)
+                _warm_up(target, host_plan, workload, log)
             log(f"{policy}: {workload.describe()}")
             run = conversations.measure(
                 credentials.endpoint(host),
-                serving.model.hf_id,
+                host_plan.model.hf_id,
                 workload,
-                serving.replicas[0].capacity.prefix_cache_block,
-                partial(conversations.read_counters, target, serving, host.name),
+                host_plan.replicas[0].capacity.prefix_cache_block,
+                partial(conversations.read_counters, target, host_plan, host.name),
                 host=host.name,
                 policy=policy,
                 names=_run_names(workload, len(runs)),
@@ -519,15 +521,15 @@ def measure_routing(
             runs.append(run)
         for policy in router_engines.POLICIES if vllm_router else ():
             name = f"vllm-router {router_engines.VERSION} {policy}"
-            url = router_engines.start(target, serving, host.address, policy, log)
+            url = router_engines.start(target, host_plan, host.address, policy, log)
             try:
                 log(f"{name}: {workload.describe()}")
                 run = conversations.measure(
                     Endpoint(url, Credentials()),
-                    serving.model.hf_id,
+                    host_plan.model.hf_id,
                     workload,
-                    serving.replicas[0].capacity.prefix_cache_block,
-                    partial(conversations.read_counters, target, serving, host.name),
+                    host_plan.replicas[0].capacity.prefix_cache_block,
+                    partial(conversations.read_counters, target, host_plan, host.name),
                     host=host.name,
                     policy=f"vllm-router-{policy}",
                     names=_run_names(workload, len(runs)),
