@@ -109,7 +109,7 @@ def access(plan: Plan) -> None:
     )
     if timer is not None:
         managed_service(name=f"Follow the key secret ({KEYS_TIMER})", service=KEYS_TIMER, current=now.unit(KEYS_TIMER))
-    _remove_unused_units(plan, now, unit_paths)
+    _remove_unused_units(access_plan, now, unit_paths)
 
 
 @operation()
