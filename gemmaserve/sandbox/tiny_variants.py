@@ -263,21 +263,31 @@ def _fine_tune(weights: dict, generator) -> dict:
     return moved
 
 
-def _w8a8(weights: dict) -> dict:
-    import torch
-
+def _quantize_linears(weights: dict, quantize) -> dict:
+    """Every tensor of `weights` as it is, except the language model's linear weights: each replaced by what
+    `quantize(module, values)` returns (the module's name, its weight as float32 [out, in])."""
     out = {}
     for name in sorted(weights):
         tensor = weights[name]
-        if not _is_language_linear(name):
+        if _is_language_linear(name):
+            out.update(quantize(name.removesuffix(".weight"), tensor.float()))
+        else:
             out[name] = tensor.contiguous()
-            continue
-        values = tensor.float()
+    return out
+
+
+def _w8a8(weights: dict) -> dict:
+    import torch
+
+    def quantize(module: str, values) -> dict:
         # Symmetric per-output-channel min-max: scale = max|w| / 127, q = round(w / scale) in [-128, 127].
         scale = (values.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
-        out[name] = torch.round(values / scale).clamp(-128, 127).to(torch.int8).contiguous()
-        out[name.removesuffix(".weight") + ".weight_scale"] = scale.contiguous()
-    return out
+        return {
+            f"{module}.weight": torch.round(values / scale).clamp(-128, 127).to(torch.int8).contiguous(),
+            f"{module}.weight_scale": scale.contiguous(),
+        }
+
+    return _quantize_linears(weights, quantize)
 
 
 def _awq_pack(values):
@@ -293,13 +303,8 @@ def _awq_pack(values):
 def _awq(weights: dict) -> dict:
     import torch
 
-    out = {}
-    for name in sorted(weights):
-        tensor = weights[name]
-        if not _is_language_linear(name):
-            out[name] = tensor.contiguous()
-            continue
-        values = tensor.float().t()  # [in, out], as AWQ stores it
+    def quantize(module: str, values) -> dict:
+        values = values.t()  # [in, out], as AWQ stores it
         rows, cols = values.shape
         groups = values.reshape(rows // AWQ_GROUP_SIZE, AWQ_GROUP_SIZE, cols)
         # Asymmetric min-max per group and output column: scale = (max - min) / 15, zero = round(-min / scale).
@@ -307,11 +312,13 @@ def _awq(weights: dict) -> dict:
         scale = ((high - low) / 15).clamp(min=1e-8)
         zero = torch.round(-low / scale).clamp(0, 15)
         quantized = torch.round(groups / scale[:, None, :] + zero[:, None, :]).clamp(0, 15).reshape(rows, cols)
-        module = name.removesuffix(".weight")
-        out[f"{module}.qweight"] = _awq_pack(quantized).contiguous()
-        out[f"{module}.qzeros"] = _awq_pack(zero).contiguous()
-        out[f"{module}.scales"] = scale.to(torch.float16).contiguous()
-    return out
+        return {
+            f"{module}.qweight": _awq_pack(quantized).contiguous(),
+            f"{module}.qzeros": _awq_pack(zero).contiguous(),
+            f"{module}.scales": scale.to(torch.float16).contiguous(),
+        }
+
+    return _quantize_linears(weights, quantize)
 
 
 def _lora(weights: dict, base: Path, generator) -> tuple[dict, dict]:
