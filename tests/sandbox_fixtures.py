@@ -283,7 +283,7 @@ def vllm_python() -> Path:
 
 
 def deploy(host_name: str, data: dict | None = None, tmp_path: Path | None = None, timeout: float = 900):
-    """`pyinfra -y --limit HOST hosts/sandbox.py deploy.py`, with host-data overrides (a YAML file in
+    """`pyinfra --json -y --limit HOST hosts/sandbox.py deploy.py`, with host-data overrides (a YAML file in
     `tmp_path`, named by the sandbox profile's override variable); returns the fleet's PyinfraRun."""
     import time
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -209,38 +208,35 @@ def _dump_inventory(path: str, limit: list[str]) -> None:
 
 @dataclass(frozen=True)
 class PyinfraRun:
-    """One pyinfra run: exit status, combined output, wall seconds."""
+    """One pyinfra run: exit status, what it printed, wall seconds, and the report it printed with --json (None when
+    it printed none: a deploy that raised, a run killed at its timeout)."""
 
     returncode: int
+    # Its log (stderr) as a terminal shows it, then the --json report it printed on stdout.
     output: str
     seconds: float
+    # {"plan": [operation, ...], "results": {"operations": [...], "totals": {...}} or None for a dry run}: pyinfra
+    # 3.10's pyinfra_cli/prints.py, print_run_json (build_plan_json, build_results_json).
+    report: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0
 
     def proposed_changes(self) -> list[str]:
-        """A dry run's operations with a detected change (pyinfra's "Change" column); conditional ones,
-        which depend on earlier operations, are not counted."""
-        lines = self.output.splitlines()
-        if "--> Detected changes:" not in (line.strip() for line in lines):
-            raise ValueError("no detected-changes table in pyinfra's output:\n" + self.output[-2000:])
-        start = next(i for i, line in enumerate(lines) if line.strip() == "--> Detected changes:")
-        changed = []
-        for line in lines[start + 2 :]:
-            if not line.strip():
-                break
-            name, change, _conditional = re.split(r"\s{2,}", line.strip())[-3:]
-            if change != "-":
-                changed.append(name)
-        return changed
+        """A dry run's operations with a detected change (hosts_with_change: pyinfra's "Change" column);
+        conditional ones, which depend on earlier operations, are not counted."""
+        if not self.report or not isinstance(self.report.get("plan"), list):
+            raise ValueError("no plan in pyinfra's --json report:\n" + self.output[-2000:])
+        return [operation["name"] for operation in self.report["plan"] if operation["hosts_with_change"]]
 
     def totals(self) -> tuple[int, int]:
-        """(operations, changed) from pyinfra's results table."""
-        match = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", self.output)
-        if not match:
-            raise ValueError("no results table in pyinfra's output:\n" + self.output[-2000:])
-        return int(match[1]), 0 if match[2] == "-" else int(match[2])
+        """(operations, changed) from pyinfra's results: operations run on a host, summed over the hosts, and
+        those that changed it (its "Success" count, as its results table's Grand total row)."""
+        results = (self.report or {}).get("results")
+        if not results:
+            raise ValueError("no results in pyinfra's --json report:\n" + self.output[-2000:])
+        return results["totals"]["hosts"], results["totals"]["success"]
 
 
 def run_pyinfra(
@@ -258,9 +254,10 @@ def run_pyinfra(
     removes) variables.
 
     `dry` prints every decision (`--dry`, with noop reasons) and changes nothing; otherwise the run applies
-    without asking (`-y`). `on_line` sees each output line as it comes (progress for long deploys).
+    without asking (`-y`). `on_line` sees each line of its log as it comes (progress for long deploys). With
+    --json, pyinfra logs to stderr and prints its plan and results as one JSON document on stdout at the end.
     """
-    command = [sys.executable, "-m", "pyinfra", "--dry" if dry else "-y"]
+    command = [sys.executable, "-m", "pyinfra", "--json", "--dry" if dry else "-y"]
     if verbose or dry:
         command.append("-v")
     for name in limit:
@@ -274,31 +271,47 @@ def run_pyinfra(
             environment[key] = value
     started = time.monotonic()
     lines: list[str] = []
-    with subprocess.Popen(
-        command,
-        cwd=project_dir(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=environment,
-    ) as process:
+    # stdout to a file: the report comes at the end, and a pipe nobody reads while the log is read could fill.
+    with (
+        tempfile.TemporaryFile("w+") as stdout,
+        subprocess.Popen(
+            command,
+            cwd=project_dir(),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+        ) as process,
+    ):
         watchdog = threading.Timer(timeout, process.kill) if timeout else None
         if watchdog:
             watchdog.start()
         try:
-            assert process.stdout is not None
-            for line in process.stdout:
+            assert process.stderr is not None
+            for line in process.stderr:
                 lines.append(line)
                 if on_line:
                     on_line(line.rstrip("\n"))
         finally:
             if watchdog:
                 watchdog.cancel()
-    returncode = process.wait()
+        returncode = process.wait()
+        stdout.seek(0)
+        printed = stdout.read()
     if returncode < 0 and timeout:
         lines.append(f"\n(gemmaserve: pyinfra stopped after the {timeout:.0f} s timeout)\n")
-    return PyinfraRun(returncode, "".join(lines), time.monotonic() - started)
+    return PyinfraRun(returncode, "".join(lines) + printed, time.monotonic() - started, _report(printed))
+
+
+def _report(printed: str) -> dict[str, Any] | None:
+    """The JSON document pyinfra printed last on stdout (one line: click.echo of json.dumps), if any."""
+    last = next((line for line in reversed(printed.splitlines()) if line.strip()), "")
+    try:
+        report = json.loads(last)
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
 
 
 if __name__ == "__main__":

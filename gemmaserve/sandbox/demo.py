@@ -99,6 +99,8 @@ def deploy(inventory: str = fleet.DEFAULT_INVENTORY, env: dict[str, str | None] 
     """Run the real pyinfra CLI on the inventory, showing each operation as it starts."""
     start = _step(f"pyinfra {inventory} deploy.py")
 
+    # The pyinfra 3.10 CLI says an operation starts only in this log line (pyinfra/api/util.py,
+    # log_operation_start); its --json report comes once the run is over (pyinfra_cli/cli.py, print_run_json).
     def progress(line: str) -> None:
         if line.startswith("--> Starting operation:"):
             console.print(f"    [dim]{time.perf_counter() - start:6.1f}s[/dim] {line.split(':', 1)[1].strip()}")

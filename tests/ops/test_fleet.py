@@ -1,6 +1,5 @@
-"""ops.fleet reads pyinfra's own tables: the results of a run and the changes a dry run detects.
-
-The samples are pyinfra 3.10's output from real deploys to a sandbox host (trimmed to a few rows)."""
+"""ops.fleet reads pyinfra's own report of a run (--json): the results of a run and the changes a dry run detects,
+from the real pyinfra CLI deploying to this machine (@local) inside a scratch folder."""
 
 from __future__ import annotations
 
@@ -15,40 +14,55 @@ from gemmaserve.ops import fleet
 from gemmaserve.ops.fleet import PyinfraRun
 from tests import ROOT
 
-RESULTS = """--> Results:
-    Operation                                                       Hosts   Success   Error   No Change
-    Prepare the host | Install base packages                        1       -         -       1
-    Run vLLM replicas | Install the vllm@.service template          1       1         -       -
-    Route with HAProxy | Keep HAProxy running                       1       -         -       1
-    Grand total                                                     58      3         -       55
+# Three operations: one that changes the host on a first run, one that runs only if that one changed (a
+# conditional change in a dry run), one that never changes anything.
+SCRATCH_DEPLOY = """
+from pyinfra import host
+from pyinfra.operations import files, server
 
---> Disconnecting from hosts...
-"""
-
-DETECTED = """--> Detected changes:
-    Operation                                                                             Change          Conditional Change
-    Prepare the host | Install base packages                                              -               -
-    Run vLLM replicas | Wait for replica 0 to be healthy (http://127.0.0.1:8000/health)   -               1 (sandbox-1)
-    Monitor with Prometheus | Keep Prometheus running                                     1 (sandbox-1)   -
-
-    Detected changes may not include every change pyinfra will execute.
+made = files.directory(name="Make the scratch folder", path=host.data.folder)
+server.shell(name="Announce the new folder", commands=["true"], _if=made.did_change)
+files.directory(name="Keep /tmp", path="/tmp")
 """
 
 
-def test_totals_read_the_grand_total_row() -> None:
-    assert PyinfraRun(0, RESULTS, 1.0).totals() == (58, 3)
-    assert PyinfraRun(0, RESULTS.replace("58      3", "58      -"), 1.0).totals() == (58, 0)
+@pytest.fixture
+def scratch(tmp_path):
+    """(inventory, deploy): this machine as @local, with a folder under tmp_path to make."""
+    inventory, deploy = tmp_path / "local.py", tmp_path / "scratch_deploy.py"
+    inventory.write_text(f"local = [('@local', {{'folder': {str(tmp_path / 'made')!r}}})]\n")
+    deploy.write_text(SCRATCH_DEPLOY)
+    return inventory, deploy
 
 
-def test_proposed_changes_count_only_unconditional_changes() -> None:
-    assert PyinfraRun(0, DETECTED, 1.0).proposed_changes() == ["Monitor with Prometheus | Keep Prometheus running"]
+def test_a_dry_run_proposes_only_unconditional_changes_and_has_no_results(scratch) -> None:
+    dry = fleet.run_pyinfra(*scratch, dry=True, timeout=120)
+    assert dry.ok, dry.output[-2000:]
+    assert dry.proposed_changes() == ["Make the scratch folder"]
+    with pytest.raises(ValueError, match="no results in pyinfra's --json report"):
+        dry.totals()
+    assert "Make the scratch folder" in dry.output  # the log and the report, as pyinfra printed them
 
 
-def test_missing_tables_are_errors_not_zeros() -> None:
-    with pytest.raises(ValueError, match="no results table"):
-        PyinfraRun(1, "--> An exception occurred in: deploy.py", 1.0).totals()
-    with pytest.raises(ValueError, match="no detected-changes table"):
-        PyinfraRun(0, RESULTS, 1.0).proposed_changes()
+def test_totals_count_operations_and_changes_of_a_run_and_its_rerun(scratch, tmp_path) -> None:
+    first = fleet.run_pyinfra(*scratch, timeout=120)
+    assert first.ok and (tmp_path / "made").is_dir(), first.output[-2000:]
+    assert first.totals() == (3, 2)
+    second = fleet.run_pyinfra(*scratch, timeout=120)
+    assert second.ok and second.totals() == (3, 0), second.output[-2000:]
+
+
+def test_a_run_without_a_report_is_an_error_not_zeros(scratch) -> None:
+    inventory, deploy = scratch
+    deploy.write_text("raise RuntimeError('a deploy that raises')\n")
+    run = fleet.run_pyinfra(inventory, deploy, timeout=120)
+    assert not run.ok and run.report is None and "a deploy that raises" in run.output
+    with pytest.raises(ValueError, match="no results in pyinfra's --json report"):
+        run.totals()
+    with pytest.raises(ValueError, match="no plan in pyinfra's --json report"):
+        run.proposed_changes()
+    with pytest.raises(ValueError, match="no results"):
+        PyinfraRun(0, "", 1.0, {"plan": [], "results": None}).totals()
 
 
 INVENTORY = """
