@@ -86,6 +86,7 @@ class Stream:
     ok: bool = False
     error: str = ""
     chunks: int = 0
+    answered: bool = False  # the response's headers came: HAProxy took it and a replica is answering
 
 
 @dataclass
@@ -99,9 +100,12 @@ class StreamingLoad:
     max_tokens: int = 400
     streams: list[Stream] = field(default_factory=list)
     stop_new: threading.Event = field(default_factory=threading.Event)
+    # While set, no worker starts a request: the notice lands when every request sent is being answered, so
+    # "started before the notice" means "HAProxy took it", not "a client thread had begun its TLS handshake".
+    hold: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _one(self) -> None:
+    def _one(self, stream: Stream) -> None:
         body = json.dumps(
             {
                 "model": self.model,
@@ -113,13 +117,11 @@ class StreamingLoad:
                 "messages": [{"role": "user", "content": "Count slowly."}],
             }
         ).encode()
-        stream = Stream(started=time.monotonic())
-        with self._lock:
-            self.streams.append(stream)
         headers = {"Content-Type": "application/json", **self.endpoint.credentials.headers()}
         request = urllib.request.Request(self.endpoint.url("/v1/chat/completions"), data=body, headers=headers)
         try:
             with self.endpoint.credentials.opener().open(request, timeout=120) as response:
+                stream.answered = True
                 for line in response:
                     if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
                         stream.chunks += 1
@@ -133,12 +135,27 @@ class StreamingLoad:
 
     def _worker(self, deadline: float) -> None:
         while time.monotonic() < deadline and not self.stop_new.is_set():
-            self._one()
-            if self.streams and not self.streams[-1].ok:
+            with self._lock:  # checked and recorded at once: a request is either held or in `streams`
+                stream = None if self.hold.is_set() else Stream(started=time.monotonic())
+                if stream is not None:
+                    self.streams.append(stream)
+            if stream is None:
+                time.sleep(0.05)
+                continue
+            self._one(stream)
+            if not stream.ok:
                 time.sleep(0.2)  # refused (after the notice): do not hammer HAProxy
 
     def in_flight(self, min_chunks: int) -> list[Stream]:
         return [s for s in list(self.streams) if not s.ended and s.chunks >= min_chunks]
+
+    def pause(self) -> None:
+        with self._lock:
+            self.hold.set()
+
+    def unanswered(self) -> list[Stream]:
+        """Requests sent whose answer has not begun: on their way to HAProxy, or waiting in its queue."""
+        return [s for s in list(self.streams) if not s.ended and not s.answered]
 
     def __enter__(self) -> StreamingLoad:
         deadline = time.monotonic() + self.seconds
@@ -167,8 +184,14 @@ def test_preemption_notice_under_load_loses_no_request_started_before_it(spot_ho
         wait_until(lambda: sum(s.ok for s in load.streams) >= 2, 60, "the load to start")
         # The notice lands while streams are half way: they must run to their end on a drained replica.
         wait_until(lambda: len(load.in_flight(min_chunks=20)) >= 2, 60, "two streams in the middle of their answer")
+        # A request whose client began it a moment before the notice may reach HAProxy after the drain, and be
+        # refused as it should: no request starts until every one sent is being answered (CI on a loaded machine
+        # caught one such 503, begun before the notice with no answer yet).
+        load.pause()
+        wait_until(lambda: not load.unanswered(), 30, "every request sent to be answered")
         notice = time.monotonic()
         flip(sandbox_host, "instance/preempted", "TRUE")
+        load.hold.clear()
         wait_until(lambda: health(endpoint) != 200, 10, "/health to fail after the notice")
         unhealthy = time.monotonic() - notice
         time.sleep(3)  # a few requests after the notice: refused, as the load balancer would stop sending them
