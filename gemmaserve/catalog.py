@@ -121,9 +121,17 @@ class ModelInfo:
 #   towers are not split out (no public per-tensor sums found): they count with the sharded weights.
 # - Modalities: vLLM's Gemma 4 recipe ("smaller gemma4-E2B and gemma-4-E4B also support audio"), Callstack ("audio
 #   support belongs to the smaller E2B and E4B models").
-# - MTP assistant: google/gemma-4-31B-it-assistant (https://www.callstack.com/blog/optimizing-self-hosted-gemma-for-production-inference);
-#   its size is the Hub's "470M" parameters for the QAT release of the same assistant
-#   (google/gemma-4-31B-it-qat-q4_0-unquantized-assistant, https://onlylabs.fyi/signals/bdf07c85-5eb4-4573-b293-bc19df10e294), BF16.
+# - MTP assistants (vLLM builds both with gemma4_mtp.py: dense decoder layers that own no KV cache, so the
+#   MoE target's KV accounting is unchanged, gemmaserve.vllm_releases gemma4_mtp_shares_kv):
+#   31B: google/gemma-4-31B-it-assistant (https://www.callstack.com/blog/optimizing-self-hosted-gemma-for-production-inference);
+#     its size is the Hub's "470M" parameters for the QAT release of the same assistant
+#     (google/gemma-4-31B-it-qat-q4_0-unquantized-assistant, https://onlylabs.fyi/signals/bdf07c85-5eb4-4573-b293-bc19df10e294), BF16.
+#   26B-A4B: google/gemma-4-26B-A4B-it-assistant (https://huggingface.co/google/gemma-4-26B-A4B-it-assistant; vLLM's
+#     recipe serves it as '{"model":"google/gemma-4-26B-A4B-it-assistant","num_speculative_tokens":4}',
+#     https://github.com/vllm-project/recipes/pull/440, which corrected an earlier "gemma-4-26B-it-assistant").
+#     Its one model.safetensors is 839,427,840 bytes (Unsloth Studio's drafter table, unslothai/unsloth
+#     studio/backend/core/inference/mlx_speculative.py, which gives the 31B assistant 939,042,560 bytes, 0.1 %
+#     from the 470M above): the Hub's "0.4B" parameters in BF16, counted as the file (its header is a few KB).
 MODELS: tuple[ModelInfo, ...] = (
     ModelInfo(
         hf_id="google/gemma-4-E2B-it",
@@ -205,6 +213,8 @@ MODELS: tuple[ModelInfo, ...] = (
         total_params_b=25.2,
         num_experts=128,
         experts_per_token=8,
+        mtp_assistant="google/gemma-4-26B-A4B-it-assistant",
+        mtp_assistant_bytes=839_427_840,
         vision_tower_bytes=572_794_416 * 2,
     ),
     # A randomly initialised ~300k-parameter checkpoint built by `gemmaserve tiny-model` for the

@@ -54,9 +54,10 @@ def test_audio_only_on_small_models(alias, audio):
     assert CATALOG.model(alias).supports_audio is audio
 
 
-def test_only_31b_has_an_mtp_assistant():
-    assert {m.aliases[0]: m.mtp_assistant for m in CATALOG.models if m.mtp_assistant} == {
-        "31b": "google/gemma-4-31B-it-assistant"
+def test_31b_and_26b_a4b_have_mtp_assistants():
+    assert {m.aliases[0]: (m.mtp_assistant, m.mtp_assistant_bytes) for m in CATALOG.models if m.mtp_assistant} == {
+        "31b": ("google/gemma-4-31B-it-assistant", 940_000_000),
+        "26b-a4b": ("google/gemma-4-26B-A4B-it-assistant", 839_427_840),
     }
 
 

@@ -114,6 +114,26 @@ def test_mtp_uses_assistant_checkpoint():
     }
 
 
+def test_26b_a4b_mtp_uses_its_assistant_and_counts_its_weights():
+    """vLLM's recipe for the MoE model (vllm-project/recipes#440): the 26B-A4B assistant, 4 tokens; its
+    839,427,840 bytes load on the GPU beside the target and come out of the KV cache."""
+    spec = {"model": "26b-a4b", "accelerator": {"kind": "h100-80gb", "count": 1}}
+    mtp = planned({**spec, "workload": {"speculative": {"method": "mtp"}}}).require_ok().replicas[0]
+    plain = planned(spec).require_ok().replicas[0]
+    assert json.loads(flag(mtp.argv, "--speculative-config")) == {
+        "method": "mtp",
+        "model": "google/gemma-4-26B-A4B-it-assistant",
+        "num_speculative_tokens": 4,
+    }
+    assistant_gib = 839_427_840 / 2**30
+    assert mtp.capacity.weights_gib_per_device - plain.capacity.weights_gib_per_device == pytest.approx(
+        assistant_gib, abs=0.01
+    )
+    assert plain.capacity.available_kv_cache_gib - mtp.capacity.available_kv_cache_gib == pytest.approx(
+        assistant_gib, abs=1e-6
+    )
+
+
 def test_ngram_speculative_config():
     argv = (
         planned({"model": "e2b", "accelerator": {"kind": "l4"}, "workload": {"speculative": {"method": "ngram"}}})

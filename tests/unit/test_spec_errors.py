@@ -82,10 +82,10 @@ BAD = [
     ),
     (with_("workload.speculative", {"num_tokens": 2}), "workload.speculative", "2", "mtp or ngram"),
     (
-        {"model": "26b-a4b", "accelerator": {"kind": "a100-80gb"}, "workload": {"speculative": {"method": "mtp"}}},
+        {"model": "e4b", "accelerator": {"kind": "l4"}, "workload": {"speculative": {"method": "mtp"}}},
         "workload.speculative.method",
         "mtp",
-        "allowed: ngram, none",
+        "allowed: ngram, none (MTP models: 31b, 26b-a4b)",
     ),
     (
         {
