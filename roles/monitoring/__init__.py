@@ -113,6 +113,7 @@ def alert_rules(plan: Plan, settings: Settings = Settings()) -> str:
         hit_rate_collapse=settings.hit_rate_collapse,
         spread_for=settings.spread_for,
         load_bound=plan.routing.load_bound_percent / 100 if plan.routing.prefix_affinity else None,
+        affinity_floor=plan.routing.affinity_floor,
         gpu_rules=plan.accelerator.vendor == "nvidia",
         amd_rules=plan.accelerator.vendor == "amd",
         tpu_rules=plan.accelerator.vendor == "google",

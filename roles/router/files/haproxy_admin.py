@@ -51,6 +51,9 @@ def drain(name: str, timeout: float, path: str = SOCKET) -> None:
         # A replica this deploy adds: HAProxy learns about it when the router role renders its config.
         print(f"{name}: not in HAProxy's config yet, nothing to drain", file=sys.stderr)
         return
+    # Weight 0 as well as the drain state: HAProxy still sends a draining server the requests that persist to it,
+    # and the router's conversation table (templates/haproxy.cfg.j2) tells a draining replica by its weight.
+    command(f"set server {name} weight 0", path)
     command(f"set server {name} state drain", path)
 
     # Requests already running on it finish; only then may the replica restart.
@@ -68,6 +71,7 @@ def ready(name: str, timeout: float, path: str = SOCKET, wait: bool = True) -> N
         print(f"{name}: not in HAProxy's config yet; the router role adds it", file=sys.stderr)
         return
     command(f"set server {name} state ready", path)
+    command(f"set server {name} weight 100%", path)  # its configured weight again (`drain` set 0)
     if not wait:
         # HAProxy's health check keeps it out of rotation until /health answers.
         print(f"{name}: ready; in rotation once its health check passes", file=sys.stderr)

@@ -37,7 +37,7 @@ class FakeHaproxy:
                         if row[1] == "DRAIN":
                             row[0] = max(0, row[0] - 1)
                     conn.sendall(body.encode())
-                elif line.startswith("set server vllm/"):
+                elif line.startswith("set server vllm/") and line.split()[3] == "state":
                     name, state = line.split()[2].split("/")[1], line.split()[-1]
                     self.rows[name][1] = {"drain": "DRAIN", "ready": "UP"}[state]
 
@@ -52,7 +52,8 @@ def fake(tmp_path):
 def test_drain_waits_until_idle(fake):
     haproxy, path = fake
     haproxy_admin.drain("vllm/replica0", 10, path)
-    assert "set server vllm/replica0 state drain" in haproxy.commands
+    # Weight 0 first: a draining server still takes persistent requests, and the router's table checks weights.
+    assert haproxy.commands[1:3] == ["set server vllm/replica0 weight 0", "set server vllm/replica0 state drain"]
     assert haproxy.rows["replica0"][0] == 0
 
 
@@ -68,6 +69,7 @@ def test_ready_waits_for_up(fake):
     haproxy.rows["replica1"][1] = "MAINT"
     haproxy_admin.ready("vllm/replica1", 10, path)
     assert haproxy.rows["replica1"][1] == "UP"
+    assert "set server vllm/replica1 weight 100%" in haproxy.commands
 
 
 def test_unknown_server_is_a_no_op(fake):
