@@ -357,6 +357,7 @@ def test_least_outstanding_has_no_bound_or_admission():
     assert result.routing.to_json() == {
         "policy": "least-outstanding",
         "load_bound": None,
+        "affinity_floor": None,
         "replica_max_requests": None,
         "queue_seconds": None,
         "session_header": None,
