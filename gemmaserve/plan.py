@@ -186,7 +186,39 @@ WEIGHTS_DIR = f"{STATE_DIR}/weights"
 # written last, that makes a revision complete (per-file size and sha256, the hub's own hashes).
 MIRROR_MODELS = "models"
 MIRROR_MANIFEST = "gemmaserve-manifest.json"
+# LoRA adapters beside them: adapters/<hub id, or the adapter's name for a directory>/<revision>/<files>, each with
+# its own manifest; hosts pull them to WEIGHTS_DIR/adapters/<same>/<revision>.
+MIRROR_ADAPTERS = "adapters"
 MIRROR_COMPILE_CACHE = "compile-cache"
+
+
+@dataclass(frozen=True)
+class AdapterWeights:
+    """A LoRA adapter in the stack's bucket beside the weights: a hub adapter at its commit, or a directory at its
+    content revision (`gemmaserve weights mirror --resolve --from-dir DIR`). `gemmaserve weights mirror` copies it
+    there and the weights role pulls it to local disk, verified, before any replica starts."""
+
+    name: str
+    source: str
+    revision: str
+    prefix: str = ""
+
+    @property
+    def mirror_id(self) -> str:
+        """The hub id, or the adapter's served name for a directory (the revision tells contents apart)."""
+        return self.name if self.source.startswith("/") else self.source
+
+    @property
+    def object_prefix(self) -> str:
+        return f"{self.prefix}{MIRROR_ADAPTERS}/{self.mirror_id}/{self.revision}/"
+
+    @property
+    def manifest_object(self) -> str:
+        return f"{self.object_prefix}{MIRROR_MANIFEST}"
+
+    @property
+    def local_dir(self) -> str:
+        return f"{WEIGHTS_DIR}/{MIRROR_ADAPTERS}/{self.mirror_id}/{self.revision}"
 
 
 @dataclass(frozen=True)
@@ -199,6 +231,8 @@ class WeightsPlan:
     revision: str | None = None
     bucket: str | None = None
     prefix: str = ""
+    # With weights from the bucket, the spec's LoRA adapters come from it too (pinned ones: the rest are refused).
+    adapters: tuple[AdapterWeights, ...] = ()
 
     @staticmethod
     def of(spec: Spec) -> WeightsPlan:
@@ -206,8 +240,14 @@ class WeightsPlan:
         if weights.source == "hub":
             return WeightsPlan("local" if model.local_dir else "hub", model.hf_id, weights.revision)
         bucket, _, prefix = weights.bucket.removeprefix("gs://").partition("/")
-        prefix = prefix.strip("/")
-        return WeightsPlan(weights.load, model.hf_id, weights.revision, bucket, f"{prefix}/" if prefix else "")
+        prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        adapters = tuple(
+            AdapterWeights(a.name, a.source, a.revision, prefix) for a in spec.serving.lora_adapters if a.revision
+        )
+        return WeightsPlan(weights.load, model.hf_id, weights.revision, bucket, prefix, adapters)
+
+    def adapter(self, name: str) -> AdapterWeights | None:
+        return next((a for a in self.adapters if a.name == name), None)
 
     @property
     def from_bucket(self) -> bool:
@@ -1002,7 +1042,7 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
         # On SIGTERM vLLM aborts in-flight requests unless given time to finish them (vLLM >= 0.18:
         # https://github.com/vllm-project/vllm/pull/36666); the unit drains the replica in HAProxy first.
         argv += ["--shutdown-timeout", str(spec.serving.shutdown_timeout)]
-    argv += _lora_argv(spec.adapters)
+    argv += _lora_argv(spec.adapters, weights)
     argv += list(wl.extra_args)
     argv += ["--host", spec.serving.bind_address, "--port", str(port)]
     return argv
@@ -1056,19 +1096,35 @@ def lora_slot_bytes(model: ModelInfo, tp: int, max_loras: int, max_rank: int) ->
 
 
 def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
-    """Hub adapters the replicas could not get: no role fetches a pinned snapshot yet, and vLLM's own download
+    """Adapters the replicas could not get. With weights from the bucket every adapter comes from it, mirrored at a
+    pinned revision (WeightsPlan.adapters). Otherwise no role fetches a pinned hub snapshot, and vLLM's own download
     of an id (vllm/lora/utils.py get_adapter_absolute_path) cannot run under HF_HUB_OFFLINE."""
-    offline = spec.weights.source == "bucket" or spec.model_info.local_dir is not None
+    from_bucket = spec.weights.source == "bucket"
+    offline = from_bucket or spec.model_info.local_dir is not None
     problems = []
     for index, adapter in enumerate(adapters):
+        field = f"serving.lora_adapters[{index}]"
+        if from_bucket:
+            if adapter.revision is None:
+                resolve = "`gemmaserve weights mirror --resolve"
+                pin = (
+                    f"the directory's content revision ({resolve} --from-dir {adapter.source}` prints it)"
+                    if adapter.source.startswith("/")
+                    else f"its commit sha ({resolve} --model {adapter.source} --revision BRANCH` prints it)"
+                )
+                problems.append(
+                    f"{field}.revision: none given; adapters come from the bucket with the weights "
+                    f"(`gemmaserve weights mirror` copies them at a pinned revision); allowed: {pin}"
+                )
+            continue
         if adapter.source.startswith("/"):
             continue
-        field = f"serving.lora_adapters[{index}]"
         if adapter.revision:
             problems.append(
                 f"{field}.revision = {adapter.revision!r}: a pinned hub adapter is served from its snapshot "
-                f"({adapter_path(adapter)}), which no role fetches yet; allowed: a directory on the hosts, or no "
-                "revision (vLLM downloads the id when it starts)"
+                f"({adapter_path(adapter)}), which no role fetches from the hub; allowed: weights from the bucket "
+                "(the mirror copies the adapter too), a directory on the hosts, or no revision (vLLM downloads the "
+                "id when it starts)"
             )
         elif offline:
             problems.append(
@@ -1078,10 +1134,16 @@ def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
     return problems
 
 
-def _lora_argv(adapters: tuple[Adapter, ...]) -> list[str]:
-    """Adapters loaded at start, one slot each in a batch (--max-loras), each its own model name."""
+def _lora_argv(adapters: tuple[Adapter, ...], weights: WeightsPlan) -> list[str]:
+    """Adapters loaded at start, one slot each in a batch (--max-loras), each its own model name; a mirrored one
+    from the local copy the weights role pulled."""
     if not adapters:
         return []
+
+    def path(adapter: Adapter) -> str:
+        mirrored = weights.adapter(adapter.name)
+        return mirrored.local_dir if mirrored else adapter_path(adapter)
+
     return [
         "--enable-lora",
         "--max-loras",
@@ -1089,7 +1151,7 @@ def _lora_argv(adapters: tuple[Adapter, ...]) -> list[str]:
         "--max-lora-rank",
         str(_max_lora_rank(adapters)),
         "--lora-modules",
-        *(f"{a.name}={adapter_path(a)}" for a in adapters),
+        *(f"{a.name}={path(a)}" for a in adapters),
     ]
 
 

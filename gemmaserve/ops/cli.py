@@ -274,7 +274,8 @@ def weights_mirror(
     ),
     resolve: bool = typer.Option(False, "--resolve", help="Print the commit sha --revision points to, copy nothing."),
 ) -> None:
-    """Copy one pinned model revision into the bucket: resumable, checked against the hub's hashes, idempotent."""
+    """Copy one pinned model revision, and the stack's LoRA adapters at theirs, into the bucket: resumable,
+    checked against the hub's hashes, idempotent."""
     from gemmaserve.ops import weights as mirror_ops
     from gemmaserve.plan import WeightsPlan
     from gemmaserve.sources import read_stack_config
@@ -284,24 +285,29 @@ def weights_mirror(
         config = read_stack_config(stack) if stack else {}
         spec_weights = dict(config.get("weights") or {})
         model_name = model or config.get("model")
+        if resolve and source_dir:  # a directory's content revision: a model's or an adapter's
+            typer.echo(mirror_ops.LocalSource(source_dir).resolve(revision))
+            return
         if not model_name:
             raise SpecError(["model: give --model or --stack"], "weights mirror")
         if resolve:
-            source = mirror_ops.LocalSource(source_dir) if source_dir else mirror_ops.HubSource(_model_id(model_name))
-            typer.echo(source.resolve(revision))
+            typer.echo(mirror_ops.HubSource(_model_id(model_name)).resolve(revision))
             return
         spec_weights.update({k: v for k, v in {"bucket": bucket, "revision": revision}.items() if v})
         spec_weights["source"] = "bucket"
-        parsed = parse_spec(
-            {"model": model_name, "accelerator": {"kind": "cpu"}, "weights": spec_weights},
-            "weights mirror",
-        )
+        data = {"model": model_name, "accelerator": {"kind": "cpu"}, "weights": spec_weights}
+        if adapters := (config.get("serving") or {}).get("lora_adapters"):
+            data["serving"] = {"lora_adapters": adapters}
+        # The hub checkpoint's and adapters' small files the spec reads (the mirror downloads them anyway).
+        _fetch_checkpoint_files({k: v for k, v in data.items() if k != "model"} if source_dir else data)
+        parsed = parse_spec(data, "weights mirror")
     except SpecError as error:
         _fail(f"error: {error}", EXIT_BAD_INPUT)
     plan = WeightsPlan.of(parsed)
     source = mirror_ops.LocalSource(source_dir) if source_dir else mirror_ops.HubSource(plan.model_id)
     try:
         mirror_ops.mirror(plan, source, progress=typer.echo)
+        mirror_ops.mirror_adapters(plan, progress=typer.echo)
     except mirror_ops.MirrorError as error:
         _fail(f"error: {error}", 1)
 

@@ -1,6 +1,7 @@
 """`gemmaserve weights mirror`: copy one pinned model revision from Hugging Face (or a local directory that
 serves the same metadata) into the stack's bucket, once: resumable per file, every byte checked against the
-source's own hashes, idempotent (a second run copies nothing). Hosts then load from the bucket alone.
+source's own hashes, idempotent (a second run copies nothing). Hosts then load from the bucket alone. The spec's
+LoRA adapters go beside it the same way (`mirror_adapters`), each at its pinned revision.
 
 The source side is a small seam (`ModelSource`): `HubSource` asks huggingface_hub for the file list with
 hashes (`HfApi.model_info(files_metadata=True)`: size, git blob id, LFS sha256) and downloads with
@@ -20,10 +21,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from gemmaserve.plan import WeightsPlan
+from gemmaserve.plan import AdapterWeights, WeightsPlan
 
 # Files a serving host never needs (the hub's README images, original/ checkpoints in other formats).
 SKIP_PATTERNS = (".gitattributes", "original/", ".git/")
+# What vLLM loads an adapter from: adapter_config.json and the first of these weights files it finds
+# (LoRAModel.from_local_checkpoint, vllm/lora/lora_model.py at v0.32.0).
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
 CHUNK = 8 * 2**20
 Progress = Callable[[str], None]
 
@@ -178,33 +183,117 @@ def mirror(
     """Copy weights.revision of weights.model_id into gs://bucket/prefix/models/<id>/<revision>/, then the
     manifest. Objects already there with the same hashes are kept; every copied file is checked against the
     source's hash before upload and against GCS's md5 after."""
-    from google.api_core import exceptions
-
     if not weights.from_bucket or not weights.revision:
         raise MirrorError("the spec names no weights.bucket and weights.revision to mirror to")
-    client = client or storage_client()
-    started = time.monotonic()
+    bucket = _bucket(weights.bucket, client or storage_client())
+    return _mirror_revision(
+        bucket,
+        weights.model_id,
+        weights.revision,
+        weights.object_prefix,
+        weights.manifest_object,
+        {"model": weights.model_id},
+        source,
+        _missing_model_files,
+        progress,
+        workdir,
+    )
+
+
+def adapter_source(adapter: AdapterWeights, token: str | None = None) -> ModelSource:
+    """Where the mirror reads an adapter: its directory, or its hub repository."""
+    return LocalSource(adapter.source) if adapter.source.startswith("/") else HubSource(adapter.source, token)
+
+
+def mirror_adapters(
+    weights: WeightsPlan,
+    sources: dict[str, ModelSource] | None = None,
+    client=None,
+    progress: Progress = print,
+    workdir: Path | None = None,
+) -> list[MirrorReport]:
+    """Copy each of the spec's LoRA adapters (weights.adapters) into gs://bucket/prefix/adapters/<id>/<revision>/
+    with its own manifest, exactly as `mirror` copies the model: a hub adapter at its commit, a directory at its
+    content revision. `sources` (by adapter name) replaces where one is read from (tests)."""
+    if not weights.adapters:
+        return []
+    if not weights.from_bucket:
+        raise MirrorError("the spec names no weights.bucket to mirror the adapters to")
+    bucket = _bucket(weights.bucket, client or storage_client())
+    reports = []
+    for adapter in weights.adapters:
+        source = (sources or {}).get(adapter.name) or adapter_source(adapter)
+        reports.append(
+            _mirror_revision(
+                bucket,
+                f"adapter {adapter.name} ({adapter.source})",
+                adapter.revision,
+                adapter.object_prefix,
+                adapter.manifest_object,
+                {"adapter": adapter.name, "source": adapter.source},
+                source,
+                _missing_adapter_files,
+                progress,
+                workdir,
+            )
+        )
+    return reports
+
+
+def _missing_model_files(names: set[str]) -> str | None:
+    return None if any(n.endswith(".safetensors") for n in names) else "safetensors weights to mirror"
+
+
+def _missing_adapter_files(names: set[str]) -> str | None:
+    missing = [] if ADAPTER_CONFIG in names else [ADAPTER_CONFIG]
+    if not names & set(ADAPTER_WEIGHTS):
+        missing.append(" or ".join(ADAPTER_WEIGHTS))
+    return f"{' and '.join(missing)}: not a LoRA adapter vLLM loads" if missing else None
+
+
+def _bucket(name: str, client):
+    from google.api_core import exceptions
+
     try:
-        bucket = client.get_bucket(weights.bucket)
+        return client.get_bucket(name)
     except exceptions.NotFound:
         raise MirrorError(
-            f"weights.bucket = gs://{weights.bucket}: no such bucket (create it with `pulumi up`; the stack exports "
+            f"weights.bucket = gs://{name}: no such bucket (create it with `pulumi up`; the stack exports "
             "weights_bucket)"
         ) from None
     except exceptions.Forbidden as error:
-        raise MirrorError(f"gs://{weights.bucket}: access refused ({error.message})") from None
-    revision = source.resolve(weights.revision)
-    if revision != weights.revision:
-        raise MirrorError(f"weights.revision = {weights.revision!r}: the source's revision is {revision}")
+        raise MirrorError(f"gs://{name}: access refused ({error.message})") from None
+
+
+def _mirror_revision(
+    bucket,
+    label: str,
+    pinned: str,
+    object_prefix: str,
+    manifest_object: str,
+    identity: dict,
+    source: ModelSource,
+    missing: Callable[[set[str]], str | None],
+    progress: Progress,
+    workdir: Path | None,
+) -> MirrorReport:
+    """One revision's files into object_prefix, then its manifest (identity, the revision, every file's hashes and
+    generation): what weights_pull.py on the hosts reads."""
+    from google.api_core import exceptions
+
+    started = time.monotonic()
+    revision = source.resolve(pinned)
+    if revision != pinned:
+        raise MirrorError(f"{label}: revision {pinned!r} is not the source's; the source's revision is {revision}")
     files = source.files(revision)
-    if not any(f.path.endswith(".safetensors") for f in files):
-        raise MirrorError(f"{weights.model_id}@{revision} has no safetensors weights to mirror")
-    progress(f"mirroring {weights.model_id}@{revision[:12]}: {len(files)} files, {_gib(sum(f.size for f in files))}")
+    if problem := missing({f.path for f in files}):
+        raise MirrorError(f"{label}@{revision} has no {problem}")
+    progress(f"mirroring {label}@{revision[:12]}: {len(files)} files, {_gib(sum(f.size for f in files))}")
     copied, skipped, copied_bytes = [], [], 0
     entries = []
     with tempfile.TemporaryDirectory(dir=workdir) as scratch:
         for item in files:
-            name = f"{weights.object_prefix}{item.path}"
+            name = f"{object_prefix}{item.path}"
             existing = bucket.get_blob(name)
             if existing is not None and _same(existing, item):
                 skipped.append(item.path)
@@ -235,13 +324,11 @@ def mirror(
                     if_generation_match=existing.generation if existing is not None else 0,
                 )
             except exceptions.Forbidden as error:
-                raise MirrorError(f"gs://{weights.bucket}/{name}: upload refused ({error.message})") from None
+                raise MirrorError(f"gs://{bucket.name}/{name}: upload refused ({error.message})") from None
             except exceptions.PreconditionFailed:
-                raise MirrorError(
-                    f"gs://{weights.bucket}/{name} changed while mirroring; run the mirror again"
-                ) from None
+                raise MirrorError(f"gs://{bucket.name}/{name} changed while mirroring; run the mirror again") from None
             if blob.md5_hash != md5:
-                raise MirrorError(f"gs://{weights.bucket}/{name}: stored md5 {blob.md5_hash} is not the file's {md5}")
+                raise MirrorError(f"gs://{bucket.name}/{name}: stored md5 {blob.md5_hash} is not the file's {md5}")
             took = time.monotonic() - began
             copied.append(item.path)
             copied_bytes += item.size
@@ -251,10 +338,10 @@ def mirror(
             )
             if local.parent == Path(scratch) or Path(scratch) in local.parents:
                 local.unlink(missing_ok=True)
-    manifest = {"model": weights.model_id, "revision": revision, "files": entries}
-    written = _write_manifest(bucket, weights, manifest)
+    manifest = {**identity, "revision": revision, "files": entries}
+    written = _write_manifest(bucket, manifest_object, manifest)
     report = MirrorReport(
-        f"gs://{weights.bucket}/{weights.object_prefix}",
+        f"gs://{bucket.name}/{object_prefix}",
         revision,
         copied,
         skipped,
@@ -290,22 +377,23 @@ def _entry(item: SourceFile, blob) -> dict:
     }
 
 
-def _write_manifest(bucket, weights: WeightsPlan, manifest: dict) -> bool:
+def _write_manifest(bucket, manifest_object: str, manifest: dict) -> bool:
     """The manifest goes last: a revision without one is incomplete, and hosts refuse it."""
-    blob = bucket.get_blob(weights.manifest_object)
+    blob = bucket.get_blob(manifest_object)
     body = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     if blob is not None and blob.download_as_text() == body:
         return False
-    target = bucket.blob(weights.manifest_object)
+    target = bucket.blob(manifest_object)
     target.upload_from_string(
         body, content_type="application/json", if_generation_match=blob.generation if blob is not None else 0
     )
     return True
 
 
-def read_manifest(weights: WeightsPlan, client=None) -> dict | None:
+def read_manifest(weights: WeightsPlan, client=None, adapter: AdapterWeights | None = None) -> dict | None:
+    """The model's manifest in the mirror, or an adapter's; None when it is not there."""
     client = client or storage_client()
-    blob = client.bucket(weights.bucket).get_blob(weights.manifest_object)
+    blob = client.bucket(weights.bucket).get_blob((adapter or weights).manifest_object)
     return json.loads(blob.download_as_bytes()) if blob is not None else None
 
 

@@ -1,7 +1,9 @@
 """Weights on local disk before any replica starts: pulled from the stack's bucket (one verified copy per
 host, shared by its replicas) or, without a mirror, downloaded from Hugging Face by the engine's own `hf`
 client. Either way it is gemmaserve-weights.service, ordered before the replicas, so the health window
-of a replica never has to cover a download; a deploy checks the mirror before it restarts anything."""
+of a replica never has to cover a download; a deploy checks the mirror before it restarts anything. The
+spec's LoRA adapters come from the bucket with the weights (streamed weights too): the same puller, before
+the model."""
 
 from __future__ import annotations
 
@@ -30,19 +32,20 @@ class Settings(RoleSettings):
     parallel: int = 8
 
 
-class WeightsMarker(FactBase[str]):
-    """The marker a finished fetch leaves (the manifest digest, or "hub"), "" when the weights are not local:
+class WeightsMarkers(FactBase[list[str]]):
+    """The marker each finished fetch leaves (the manifest digest, or "hub"), in the order asked, "" for one that
+    is not local (an adapter, then the model):
 
     .. code:: python
 
-        "6f1c...e2"
+        ["", "6f1c...e2"]
     """
 
-    def command(self, path: str) -> str:
-        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+    def command(self, paths: list[str]) -> str:
+        return "; ".join(f"printf 'marker %s\\n' \"$(cat {shlex.quote(p)} 2>/dev/null)\"" for p in paths)
 
-    def process(self, output: list[str]) -> str:
-        return "\n".join(output).strip()
+    def process(self, output: list[str]) -> list[str]:
+        return [line.removeprefix("marker").strip() for line in output if line.startswith("marker")]
 
 
 class MirrorCheck(FactBase[str]):
@@ -54,35 +57,52 @@ class MirrorCheck(FactBase[str]):
         "gemmaserve-weights: failed: gs://acme: no such bucket (weights.bucket)"
     """
 
-    def command(self, bucket: str, prefix: str, emulator: str | None) -> str:
-        env = f"STORAGE_EMULATOR_HOST={shlex.quote(emulator)} " if emulator else ""
-        check = (
-            f"{env}/usr/bin/python3 {PULL} check --bucket {shlex.quote(bucket)} --prefix {shlex.quote(prefix)} --dest /"
-        )
+    def command(self, bucket: str, prefixes: list[str], emulator: str | None) -> str:
+        check = check_command(bucket, prefixes, emulator)
         return f"if test -f {PULL}; then {check} >/dev/null 2>&1 && echo ok || {check} 2>&1 | tail -1; fi"
 
     def process(self, output: list[str]) -> str:
         return "\n".join(output).strip()
 
 
-def marker_path(plan: Plan) -> str | None:
+def pulls(plan: Plan) -> list[tuple[str, str]]:
+    """(object prefix, local directory) of each revision the puller fetches from the bucket: the adapters, then the
+    model (pull mode), so the model's marker, the one replicas check, is the last written."""
     weights = plan.weights
+    found = [(a.object_prefix, a.local_dir) for a in weights.adapters] if weights.from_bucket else []
     if weights.mode == "pull":
-        return f"{weights.local_dir}/.gemmaserve-complete"
+        found.append((weights.object_prefix, weights.local_dir))
+    return found
+
+
+def marker_paths(plan: Plan) -> list[str]:
+    """The marker of every fetch, the one replicas wait for last."""
+    weights = plan.weights
+    if found := pulls(plan):
+        return [f"{local}/.gemmaserve-complete" for _, local in found]
     if weights.mode == "hub" and plan.engine.kind == "wheel":
         name = weights.model_id.replace("/", "--")
-        return f"{WEIGHTS_DIR}/.hub-{name}-{weights.revision or 'main'}.complete"
-    return None
+        return [f"{WEIGHTS_DIR}/.hub-{name}-{weights.revision or 'main'}.complete"]
+    return []
+
+
+def marker_path(plan: Plan) -> str | None:
+    """What a replica checks before it starts: the last fetch's marker, None when nothing is fetched."""
+    return next(reversed(marker_paths(plan)), None)
+
+
+def check_command(bucket: str, prefixes: list[str], emulator: str | None) -> str:
+    env = f"STORAGE_EMULATOR_HOST={shlex.quote(emulator)} " if emulator else ""
+    each = " ".join(f"--prefix {shlex.quote(p)}" for p in prefixes)
+    return f"{env}/usr/bin/python3 {PULL} check --bucket {shlex.quote(bucket)} {each}"
 
 
 def fetch_command(plan: Plan, settings: Settings) -> str:
     """What gemmaserve-weights.service runs: the puller (mirror) or the engine's `hf download` (hub)."""
     weights = plan.weights
-    if weights.mode == "pull":
-        return (
-            f"/usr/bin/python3 {PULL} pull --bucket {weights.bucket} --prefix {weights.object_prefix} "
-            f"--dest {weights.local_dir} --parallel {settings.parallel}"
-        )
+    if found := pulls(plan):
+        each = " ".join(f"--prefix {prefix} --dest {local}" for prefix, local in found)
+        return f"/usr/bin/python3 {PULL} pull --bucket {weights.bucket} {each} --parallel {settings.parallel}"
     revision = f" --revision {weights.revision}" if weights.revision else ""
     marker = marker_path(plan)
     return (
@@ -94,7 +114,7 @@ def fetch_command(plan: Plan, settings: Settings) -> str:
 def unit_context(plan: Plan, settings: Settings, emulator: str | None) -> dict:
     weights = plan.weights
     environment = {"HF_HOME": HF_HOME, "HF_HUB_DISABLE_TELEMETRY": "1"} if weights.mode == "hub" else {}
-    if emulator and weights.mode == "pull":
+    if emulator and pulls(plan):
         environment["STORAGE_EMULATOR_HOST"] = emulator
     fetch_unit = "gemmaserve-hf-token.service" if plan.spec.secret and plan.spec.secret.secret_manager else None
     return {
@@ -115,13 +135,14 @@ def unit_name(plan: Plan) -> str | None:
 
 @deploy("Fetch the weights before replicas start", data_defaults=Settings.defaults())
 def weights(plan: Plan) -> None:
-    marker = marker_path(plan)
-    if marker is None:
+    markers = marker_paths(plan)
+    if not markers:
         return
     settings = Settings.from_host(host)
     emulator = host.data.get(STORAGE_EMULATOR_KEY)
+    from_bucket = pulls(plan)
     paths = [WEIGHTS_DIR, UNIT_PATH]
-    if plan.weights.mode == "pull":
+    if from_bucket:
         paths += [LIB_DIR, PULL]
     now = HostState(host, paths=paths, units=[UNIT])
     managed_directory(
@@ -132,25 +153,33 @@ def weights(plan: Plan) -> None:
         group="gemmaserve",
         mode="0755",
     )
-    if plan.weights.mode == "pull":
+    if from_bucket:
         # Beside the gcs_json.py and hostlib.py the base role installed.
         install_programs("weights", now)
     # Run by fetch_before_replicas below (and at boot, before the replicas), never restarted here.
     managed_unit(UNIT, render(TEMPLATES / f"{UNIT}.j2", **unit_context(plan, settings, emulator)), now, running=None)
     checked = ""
-    if plan.weights.mode == "pull":
+    if from_bucket:
         # Every deploy checks the mirror as this host sees it (a fact: no change when all is well), so a
         # wrong bucket or revision fails here even on a host whose weights are already local.
         checked = host.get_fact(
-            MirrorCheck, bucket=plan.weights.bucket, prefix=plan.weights.object_prefix, emulator=emulator
+            MirrorCheck, bucket=plan.weights.bucket, prefixes=[prefix for prefix, _ in from_bucket], emulator=emulator
         )
+    fetched = [f"{plan.weights.model_id} weights"] if plan.weights.mode != "stream" else []
+    if plan.weights.adapters and from_bucket:
+        fetched.append(f"{len(plan.weights.adapters)} LoRA adapter(s)")
+    what = " and ".join(fetched)
     fetch_before_replicas(
-        name=f"Fetch {plan.weights.model_id} weights to local disk before any replica restarts",
+        name=f"Fetch {what} to local disk before any replica restarts",
         plan=plan,
         emulator=emulator,
-        done=bool(host.get_fact(WeightsMarker, path=marker)),
+        done=all_local(host.get_fact(WeightsMarkers, paths=markers), markers),
         checked=checked,
     )
+
+
+def all_local(found: list[str], markers: list[str]) -> bool:
+    return len(found) == len(markers) and all(found)
 
 
 @operation(is_idempotent=False)
@@ -164,9 +193,8 @@ def fetch_before_replicas(plan: Plan, emulator: str | None, done: bool, checked:
     if done:
         host.noop(f"{weights.model_id} weights are local ({weights.local_dir or HF_HOME})")
         return
-    if weights.mode == "pull":
-        env = f"STORAGE_EMULATOR_HOST={shlex.quote(emulator)} " if emulator else ""
-        yield f"{env}/usr/bin/python3 {PULL} check --bucket {weights.bucket} --prefix {weights.object_prefix} --dest {weights.local_dir}"
+    if found := pulls(plan):
+        yield check_command(weights.bucket, [prefix for prefix, _ in found], emulator)
     # A oneshot: `start` returns when the weights are local (or fails with the program's error).
     yield (
         "systemctl reset-failed gemmaserve-weights.service 2>/dev/null; systemctl restart gemmaserve-weights.service "

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import os
+from pathlib import Path
 
 import pytest
 
-from gemmaserve.ops.weights import LocalSource, MirrorError, git_blob_sha1, mirror, read_manifest
-from gemmaserve.plan import WeightsPlan
+from gemmaserve.ops.weights import LocalSource, MirrorError, git_blob_sha1, mirror, mirror_adapters, read_manifest
+from gemmaserve.plan import AdapterWeights, WeightsPlan
 
 
 def plan_for(bucket_name: str, revision: str, prefix: str = "team/") -> WeightsPlan:
@@ -104,3 +106,245 @@ def test_the_sandbox_mirror_fills_the_bucket_its_host_data_names(gcs_emulator, m
     assert stored == {weights.object_prefix + p for p in first.copied} | {weights.manifest_object}
     again_data, again = mirror_test_model(client, model_dir, progress=lambda _: None)
     assert again_data == data and again.copied == [] and not again.manifest_written
+
+
+# --- LoRA adapters beside the model, and the checkpoints users bring --------------------------------------------------
+
+
+def adapter_dir(root, extra: dict[str, bytes] | None = None):
+    """A PEFT adapter as its trainer saves it: adapter_config.json, adapter_model.safetensors and a README."""
+    root.mkdir(parents=True)
+    (root / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"]}\n')
+    (root / "adapter_model.safetensors").write_bytes(os.urandom(2 * 2**20 + 3))
+    (root / "README.md").write_text("# an adapter\n")
+    for name, data in (extra or {}).items():
+        (root / name).write_bytes(data)
+    return root
+
+
+def adapter_weights(bucket_name: str, adapters: list[AdapterWeights], prefix: str = "team/") -> WeightsPlan:
+    return WeightsPlan("pull", "org/test-model", "0" * 40, bucket_name, prefix, tuple(adapters))
+
+
+def test_adapters_mirror_beside_the_model_then_a_second_run_copies_nothing(bucket, tmp_path):
+    """A directory adapter at its content revision and a hub one at its commit (read here from a directory in the
+    hub's shape), each under adapters/<id>/<revision>/ with its own manifest, the layout the hosts pull."""
+    legal = LocalSource(adapter_dir(tmp_path / "legal"))
+    sql = LocalSource(adapter_dir(tmp_path / "sql"))
+    weights = adapter_weights(
+        bucket.name,
+        [
+            AdapterWeights("legal", str(legal.directory), legal.resolve(None), "team/"),
+            AdapterWeights("sql", "my-org/sql-lora", sql.resolve(None), "team/"),
+        ],
+    )
+    lines: list[str] = []
+    first = mirror_adapters(weights, sources={"sql": sql}, progress=lines.append)
+    expected = {"adapter_config.json", "adapter_model.safetensors", "README.md"}
+    for adapter, report in zip(weights.adapters, first, strict=True):
+        assert set(report.copied) == expected and report.manifest_written
+        assert report.uri == f"gs://{bucket.name}/{adapter.object_prefix}"
+        stored = {b.name for b in bucket.list_blobs(prefix=adapter.object_prefix)}
+        assert stored == {adapter.object_prefix + p for p in expected} | {adapter.manifest_object}
+        manifest = read_manifest(weights, adapter=adapter)
+        assert manifest["adapter"] == adapter.name and manifest["source"] == adapter.source
+        assert manifest["revision"] == adapter.revision and {e["path"] for e in manifest["files"]} == expected
+    assert weights.adapters[1].object_prefix == f"team/adapters/my-org/sql-lora/{sql.resolve(None)}/"
+    assert any("adapter_model.safetensors: copied" in line for line in lines)  # progress, file by file
+    again = mirror_adapters(weights, sources={"sql": sql}, progress=lambda _: None)
+    assert [r.copied for r in again] == [[], []] and not any(r.manifest_written for r in again)
+
+
+def test_a_directory_that_is_not_an_adapter_is_refused_before_any_upload(bucket, tmp_path):
+    root = tmp_path / "half"
+    root.mkdir()
+    (root / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8}\n')
+    source = LocalSource(root)
+    adapter = AdapterWeights("half", str(root), source.resolve(None))
+    with pytest.raises(MirrorError, match=r"adapter half .*has no adapter_model.safetensors or adapter_model.bin"):
+        mirror_adapters(adapter_weights(bucket.name, [adapter], ""), progress=lambda _: None)
+    assert list(bucket.list_blobs()) == []
+
+
+def test_an_adapter_directory_changed_since_its_revision_was_pinned_is_refused(bucket, tmp_path):
+    root = adapter_dir(tmp_path / "legal")
+    pinned = LocalSource(root).resolve(None)
+    (root / "adapter_model.safetensors").write_bytes(os.urandom(1024))  # retrained since
+    adapter = AdapterWeights("legal", str(root), pinned)
+    with pytest.raises(MirrorError, match=f"revision {pinned} is not .*content"):
+        mirror_adapters(adapter_weights(bucket.name, [adapter]), progress=lambda _: None)
+    assert list(bucket.list_blobs()) == []
+
+
+def test_a_quantized_checkpoint_mirrors_every_file_it_ships(bucket, tmp_path):
+    """What vLLM reads besides the weights (quantization_config in config.json, ModelOpt's hf_quant_config.json,
+    the recipe, the chat template) is copied like the weights: the mirror keeps every file but .gitattributes and
+    original/."""
+    root = tmp_path / "nvfp4"
+    root.mkdir()
+    files = {
+        "config.json": b'{"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}\n',
+        "hf_quant_config.json": b'{"quantization": {"quant_algo": "NVFP4"}}\n',
+        "recipe.yaml": b"quant_stage: {}\n",
+        "chat_template.jinja": b"{{ messages }}\n",
+        "model-00001-of-00001.safetensors": os.urandom(2**20),
+        "model.safetensors.index.json": b'{"metadata": {"total_size": 1048576}, "weight_map": {}}\n',
+        "original/model.bin": os.urandom(1024),
+        ".gitattributes": b"*.safetensors filter=lfs\n",
+    }
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    source = LocalSource(root)
+    report = mirror(plan_for(bucket.name, source.resolve(None)), source, progress=lambda _: None)
+    assert set(report.copied) == set(files) - {"original/model.bin", ".gitattributes"}
+
+
+def test_the_cli_mirrors_the_stacks_adapters_after_the_model(gcs_emulator, bucket, model_dir, tmp_path, monkeypatch):
+    """`gemmaserve weights mirror --stack NAME`: the model, then each adapter the stack's spec names; a directory's
+    revision is what `--resolve --from-dir` prints."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from gemmaserve.ops.cli import app
+
+    runner = CliRunner()
+    legal = adapter_dir(tmp_path / "legal")
+    resolved = runner.invoke(app, ["weights", "mirror", "--resolve", "--from-dir", str(legal)])
+    assert resolved.exit_code == 0, resolved.output
+    tree = resolved.output.strip()
+    assert tree == LocalSource(legal).resolve(None)
+    revision = LocalSource(model_dir).resolve(None)
+    config = {
+        "gemmaserve:model": "tiny",
+        "gemmaserve:accelerator": {"kind": "cpu"},
+        "gemmaserve:weights": {"source": "bucket", "bucket": f"gs://{bucket.name}/team", "revision": revision},
+        "gemmaserve:serving": {"lora_adapters": [{"name": "legal", "source": str(legal), "revision": tree}]},
+    }
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "Pulumi.x.yaml").write_text(yaml.safe_dump({"config": config}))
+    monkeypatch.chdir(project)
+    result = runner.invoke(app, ["weights", "mirror", "--stack", "x", "--from-dir", str(model_dir)])
+    assert result.exit_code == 0, result.output
+    assert f"mirroring adapter legal ({legal})@{tree[:12]}: 3 files" in result.output
+    prefix = f"team/adapters/legal/{tree}/"
+    assert {b.name for b in bucket.list_blobs(prefix=prefix)} == {
+        prefix + name for name in ("adapter_config.json", "adapter_model.safetensors", "README.md")
+    } | {prefix + "gemmaserve-manifest.json"}
+    assert bucket.get_blob(f"team/models/gemmaserve/tiny-gemma4-test/{revision}/gemmaserve-manifest.json")
+
+
+class FakeHub:
+    """huggingface_hub as the mirror and `weights mirror`'s small-file fetch use it, served from directories in the
+    hub's shape (one commit each): HfApi.model_info with the files' metadata, and hf_hub_download."""
+
+    def __init__(self, repos: dict, cache):
+        self.repos, self.cache, self.downloads = {r: LocalSource(d) for r, d in repos.items()}, cache, []
+
+    def api(self, token=None):
+        hub = self
+
+        class Api:
+            def model_info(self, repo_id, revision=None, files_metadata=False):
+                import types
+
+                source = hub.repos[repo_id]
+                sha = source.resolve(revision)
+                siblings = [
+                    types.SimpleNamespace(
+                        rfilename=f.path,
+                        size=f.size,
+                        blob_id=f.git_sha1,
+                        lfs=types.SimpleNamespace(sha256=f.sha256) if f.sha256 else None,
+                    )
+                    for f in source._scan()
+                ] + [types.SimpleNamespace(rfilename=".gitattributes", size=1, blob_id="0", lfs=None)]
+                return types.SimpleNamespace(sha=sha, siblings=siblings)
+
+        return Api()
+
+    def download(self, repo_id, filename, revision=None, local_dir=None, token=None, **_):
+        import shutil
+
+        self.downloads.append((repo_id, filename))
+        source = self.repos[repo_id]
+        commit = source.resolve(revision)
+        target = (
+            Path(local_dir) / filename
+            if local_dir
+            else self.cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / commit / filename
+        )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source.directory / filename, target)
+        if not local_dir:
+            (target.parent.parent.parent / "refs").mkdir(exist_ok=True)
+            (target.parent.parent.parent / "refs" / "main").write_text(commit)
+        return str(target)
+
+
+def test_a_quantized_hub_checkpoint_and_a_hub_adapter_mirror_by_id(bucket, tmp_path, monkeypatch):
+    """`gemmaserve weights mirror --model OWNER/NAME`: the spec's small files are fetched first (a checkpoint not in
+    the catalog is planned from them), then every file of the checkpoint and of the pinned hub adapter is copied,
+    .gitattributes aside."""
+    import json
+
+    import huggingface_hub
+    import huggingface_hub.constants
+    import yaml
+    from typer.testing import CliRunner
+
+    from gemmaserve.ops.cli import app
+
+    configs = Path(__file__).parents[1] / "unit" / "checkpoints"
+    config = json.loads((configs / "configs" / "gemma-4-31B-it.json").read_text())
+    config["quantization_config"] = json.loads((configs / "quantization" / "ct-fp8-dynamic.json").read_text())
+    checkpoint = tmp_path / "fp8"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    (checkpoint / "model.safetensors.index.json").write_text('{"metadata": {"total_size": 2048}, "weight_map": {}}')
+    (checkpoint / "model-00001-of-00001.safetensors").write_bytes(os.urandom(2048))
+    (checkpoint / "recipe.yaml").write_text("quant_stage: {}\n")
+    adapter = adapter_dir(tmp_path / "sql")
+    (adapter / "adapter_config.json").write_text((configs / "adapters" / "gemma4-31b-lora-r16.json").read_text())
+    hub = FakeHub({"my-org/gemma4-31b-fp8": checkpoint, "my-org/sql-lora": adapter}, tmp_path / "hf" / "hub")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub.cache))
+    monkeypatch.setattr(huggingface_hub, "HfApi", hub.api)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.download)
+    model_sha, adapter_sha = LocalSource(checkpoint).resolve(None), LocalSource(adapter).resolve(None)
+    config = {
+        "gemmaserve:model": "my-org/gemma4-31b-fp8",
+        "gemmaserve:accelerator": {"kind": "h100-80gb"},
+        "gemmaserve:weights": {"source": "bucket", "bucket": f"gs://{bucket.name}", "revision": model_sha},
+        "gemmaserve:serving": {
+            "lora_adapters": [{"name": "sql", "source": "my-org/sql-lora", "revision": adapter_sha}]
+        },
+    }
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "Pulumi.x.yaml").write_text(yaml.safe_dump({"config": config}))
+    monkeypatch.chdir(project)
+    result = CliRunner().invoke(app, ["weights", "mirror", "--stack", "x"])
+    assert result.exit_code == 0, result.output
+    assert "fetch: my-org/sql-lora adapter_config.json" in result.output
+    assert hub.downloads[:3] == [
+        ("my-org/gemma4-31b-fp8", "config.json"),
+        ("my-org/gemma4-31b-fp8", "model.safetensors.index.json"),
+        ("my-org/sql-lora", "adapter_config.json"),
+    ]
+    model_prefix = f"models/my-org/gemma4-31b-fp8/{model_sha}/"
+    assert {b.name for b in bucket.list_blobs(prefix=model_prefix)} == {
+        model_prefix + name
+        for name in (
+            "config.json",
+            "model.safetensors.index.json",
+            "model-00001-of-00001.safetensors",
+            "recipe.yaml",
+            "gemmaserve-manifest.json",
+        )
+    }
+    adapter_prefix = f"adapters/my-org/sql-lora/{adapter_sha}/"
+    assert {b.name for b in bucket.list_blobs(prefix=adapter_prefix)} == {
+        adapter_prefix + name
+        for name in ("adapter_config.json", "adapter_model.safetensors", "README.md", "gemmaserve-manifest.json")
+    }

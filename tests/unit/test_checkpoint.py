@@ -489,20 +489,25 @@ def test_hub_adapters_the_replicas_cannot_get_are_refused(tmp_path: Path, monkey
     hub_cache(tmp_path / "hf", "my-org/gemma4-sql-lora", {"adapter_config.json": text}, commit)
 
     def planned(adapter: dict, **more) -> object:
-        spec = {"model": "31b", "accelerator": {"kind": "h200"}, "serving": {"lora_adapters": [adapter]}, **more}
+        spec = {"model": "31b", "accelerator": {"kind": "h200"}, "serving": {"lora_adapters": [adapter]}} | more
         return plan(parse_spec(spec))
 
     # By id: vLLM downloads it when it starts.
     by_id = planned({"name": "sql", "source": "my-org/gemma4-sql-lora"})
     assert by_id.ok and "sql=my-org/gemma4-sql-lora" in by_id.replicas[0].argv
-    # Pinned: the snapshot no role fetches yet.
+    # Pinned, with the weights from the hub: the snapshot no role fetches from the hub.
     pinned = planned({"name": "sql", "source": "my-org/gemma4-sql-lora", "revision": commit})
     assert not pinned.ok and "serving.lora_adapters[0].revision" in pinned.refusals[0]
     assert f"models--my-org--gemma4-sql-lora/snapshots/{commit}" in pinned.refusals[0]
-    # Offline replicas (weights from the bucket) cannot download it.
-    weights = {"source": "bucket", "bucket": "gs://my-weights", "revision": "d" * 40}
-    offline = planned({"name": "sql", "source": "my-org/gemma4-sql-lora"}, weights=weights)
+    # Offline replicas (a model directory) cannot download it.
+    tuned = fine_tune_of("31b", tmp_path / "ft")
+    offline = planned({"name": "sql", "source": "my-org/gemma4-sql-lora"}, model=str(tuned))
     assert not offline.ok and "HF_HUB_OFFLINE=1" in offline.refusals[0]
+    # With the weights from the bucket it comes from the mirror, so it must be pinned (tests/unit/test_weights_plan.py).
+    weights = {"source": "bucket", "bucket": "gs://my-weights", "revision": "d" * 40}
+    unpinned = planned({"name": "sql", "source": "my-org/gemma4-sql-lora"}, weights=weights)
+    assert not unpinned.ok and "serving.lora_adapters[0].revision: none given" in unpinned.refusals[0]
+    assert planned({"name": "sql", "source": "my-org/gemma4-sql-lora", "revision": commit}, weights=weights).ok
 
 
 def test_lora_buffers_come_out_of_the_kv_cache(tmp_path: Path) -> None:

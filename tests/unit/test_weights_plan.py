@@ -83,3 +83,71 @@ def test_a_test_model_is_served_from_its_directory():
 def test_bad_weights_input_names_field_value_and_what_is_allowed(weights, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         plan_for(weights)
+
+
+# --- LoRA adapters with the weights from the bucket ------------------------------------------------------------------
+
+ADAPTER_CONFIG = '{"peft_type": "LORA", "r": 16, "target_modules": ["q_proj", "v_proj"]}\n'
+ADAPTER_COMMIT = "a" * 40
+TREE = "b" * 40  # a directory's content revision (`gemmaserve weights mirror --resolve --from-dir DIR`)
+
+
+def adapter_spec(tmp_path, monkeypatch) -> dict:
+    """A directory adapter and a hub adapter (its adapter_config.json in a local Hugging Face cache)."""
+    import huggingface_hub.constants
+
+    directory = tmp_path / "legal"
+    directory.mkdir()
+    (directory / "adapter_config.json").write_text(ADAPTER_CONFIG)
+    snapshot = tmp_path / "hub" / "models--my-org--sql-lora" / "snapshots" / ADAPTER_COMMIT
+    snapshot.mkdir(parents=True)
+    (snapshot / "adapter_config.json").write_text(ADAPTER_CONFIG)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    adapters = [
+        {"name": "sql", "source": "my-org/sql-lora", "revision": ADAPTER_COMMIT},
+        {"name": "legal", "source": str(directory), "revision": TREE},
+    ]
+    return {
+        "model": "31b",
+        "accelerator": {"kind": "rtx-pro-6000", "count": 2},
+        "weights": {"source": "bucket", "bucket": "gs://acme-weights/team", "revision": REVISION},
+        "serving": {"lora_adapters": adapters},
+    }
+
+
+def test_adapters_come_from_the_bucket_beside_the_weights(tmp_path, monkeypatch):
+    """Each pinned adapter has its folder in the mirror (adapters/<hub id or name>/<revision>/) and is served from
+    the copy the weights role pulls to WEIGHTS_DIR/adapters/<same>/<revision>."""
+    data = adapter_spec(tmp_path, monkeypatch)
+    result = plan(parse_spec(data)).require_ok()
+    sql, legal = result.weights.adapters
+    assert sql.object_prefix == f"team/adapters/my-org/sql-lora/{ADAPTER_COMMIT}/"
+    assert legal.object_prefix == f"team/adapters/legal/{TREE}/"
+    assert legal.manifest_object == f"team/adapters/legal/{TREE}/gemmaserve-manifest.json"
+    argv = result.replicas[0].argv
+    modules = argv[argv.index("--lora-modules") + 1 : argv.index("--lora-modules") + 3]
+    assert modules == [
+        f"sql=/var/lib/gemmaserve/weights/adapters/my-org/sql-lora/{ADAPTER_COMMIT}",
+        f"legal=/var/lib/gemmaserve/weights/adapters/legal/{TREE}",
+    ]
+    assert result.replicas[0].env["HF_HUB_OFFLINE"] == "1"
+    data["weights"]["load"] = "stream"
+    streamed = plan(parse_spec(data)).require_ok()
+    assert streamed.weights.adapters == result.weights.adapters  # streamed weights: adapters still pulled
+
+
+def test_an_adapter_from_the_bucket_must_be_pinned(tmp_path, monkeypatch):
+    data = adapter_spec(tmp_path, monkeypatch)
+    del data["serving"]["lora_adapters"][1]["revision"]
+    result = plan(parse_spec(data))
+    assert not result.ok and len(result.refusals) == 1
+    assert result.refusals[0].startswith("serving.lora_adapters[1].revision: none given")
+    assert f"gemmaserve weights mirror --resolve --from-dir {tmp_path / 'legal'}" in result.refusals[0]
+
+
+def test_without_the_bucket_a_directory_adapter_is_served_where_it_is(tmp_path, monkeypatch):
+    data = adapter_spec(tmp_path, monkeypatch)
+    del data["weights"], data["serving"]["lora_adapters"][0]
+    result = plan(parse_spec(data)).require_ok()
+    assert result.weights.adapters == ()
+    assert f"legal={tmp_path / 'legal'}" in result.replicas[0].argv

@@ -1,16 +1,16 @@
-"""Pull one mirrored model revision from the bucket to local disk before any replica starts: parallel
-ranged downloads pinned to the generations the mirror recorded, every file checked against the hub's
-hashes (sha256 for LFS files, the git blob sha1 for the rest), one copy shared by all replicas.
+"""Pull mirrored revisions (the model's, its LoRA adapters') from the bucket to local disk before any replica
+starts: parallel ranged downloads pinned to the generations the mirror recorded, every file checked against
+the hub's hashes (sha256 for LFS files, the git blob sha1 for the rest), one copy shared by all replicas.
 
 Runs on serving hosts as a standalone script (stdlib + gcs_json and hostlib, installed beside it):
 
-    python3 weights_pull.py check --bucket B --prefix P --dest DIR   # the revision is in the mirror, readable
-    python3 weights_pull.py pull  --bucket B --prefix P --dest DIR [--parallel 8] [--user gemmaserve]
+    python3 weights_pull.py check --bucket B --prefix P [--prefix P2 ...]   # each revision is in the mirror
+    python3 weights_pull.py pull  --bucket B --prefix P --dest DIR [--prefix P2 --dest DIR2 ...] [--parallel 8]
 
-`check` is what a deploy runs before it restarts anything. `pull` downloads into DIR.partial (files
-already there and verified are kept: an interrupted pull resumes), verifies, then renames it to DIR and
-writes DIR/.gemmaserve-complete; a complete DIR is verified by size and left alone. Progress goes to
-stderr and, under systemd, to the unit's status line ("fetching weights: 412/1090 MiB ...").
+`check` is what a deploy runs before it restarts anything. `pull` fetches each --prefix into the --dest given
+after it, in order: into DIR.partial (files already there and verified are kept: an interrupted pull resumes),
+verifies, then renames it to DIR and writes DIR/.gemmaserve-complete; a complete DIR is verified by size and left
+alone. Progress goes to stderr and, under systemd, to the unit's status line ("fetching weights: 412/1090 MiB").
 """
 
 from __future__ import annotations
@@ -202,24 +202,33 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="weights_pull.py")
     parser.add_argument("action", choices=["check", "pull"])
     parser.add_argument("--bucket", required=True)
-    parser.add_argument("--prefix", required=True, help="the revision's folder: PREFIX/models/<id>/<revision>/")
-    parser.add_argument("--dest", type=Path, required=True)
+    parser.add_argument(
+        "--prefix",
+        required=True,
+        action="append",
+        help="a revision's folder: PREFIX/models/<id>/<revision>/ or PREFIX/adapters/<id>/<revision>/ (repeatable)",
+    )
+    parser.add_argument("--dest", type=Path, action="append", default=[], help="where the --prefix before it goes")
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--user", default=None, help="owner of the local copy")
     args = parser.parse_args(argv)
     bucket = gcs_json.Bucket(args.bucket)
-    prefix = args.prefix.rstrip("/") + "/"
+    prefixes = [prefix.rstrip("/") + "/" for prefix in args.prefix]
+    if args.action == "pull" and len(args.dest) != len(prefixes):
+        parser.error(f"pull: give one --dest per --prefix ({len(prefixes)} --prefix, {len(args.dest)} --dest)")
     try:
         if args.action == "check":
-            manifest = check(bucket, prefix)
-            size = sum(e["size"] for e in manifest["files"])
-            print(
-                f"gs://{args.bucket}/{prefix}: revision {manifest['revision']} in the mirror, "
-                f"{len(manifest['files'])} files, {size / 2**20:.0f} MiB",
-                file=sys.stderr,
-            )
+            for prefix in prefixes:
+                manifest = check(bucket, prefix)
+                size = sum(e["size"] for e in manifest["files"])
+                print(
+                    f"gs://{args.bucket}/{prefix}: revision {manifest['revision']} in the mirror, "
+                    f"{len(manifest['files'])} files, {size / 2**20:.0f} MiB",
+                    file=sys.stderr,
+                )
         else:
-            pull(bucket, prefix, args.dest, args.parallel, args.user)
+            for prefix, dest in zip(prefixes, args.dest, strict=True):
+                pull(bucket, prefix, dest, args.parallel, args.user)
             time.sleep(0.2)  # let systemd read the last status line while this process is still the main one
     except PullError as error:
         status(f"failed: {error}")

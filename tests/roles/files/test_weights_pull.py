@@ -89,3 +89,29 @@ def test_check_names_the_revision(mirrored, capsys):
         ["check", "--bucket", remote.name, "--prefix", weights.object_prefix, "--dest", "/nonexistent"]
     )
     assert code == 0 and weights.revision in capsys.readouterr().err
+
+
+def test_one_run_pulls_the_adapters_and_the_model_each_to_its_folder(mirrored, bucket, tmp_path, capsys):
+    """The weights unit's command: `pull` with a --prefix/--dest pair per mirrored revision, in order; `check`
+    with every prefix."""
+    from gemmaserve.ops.weights import mirror_adapters
+    from gemmaserve.plan import AdapterWeights
+
+    weights, remote = mirrored
+    legal = tmp_path / "legal"
+    legal.mkdir()
+    (legal / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8}\n')
+    (legal / "adapter_model.safetensors").write_bytes(b"\0" * 4096)
+    adapter = AdapterWeights("legal", str(legal), LocalSource(legal).resolve(None))
+    mirror_adapters(WeightsPlan("pull", "org/test-model", "0" * 40, bucket.name, "", (adapter,)), progress=print)
+    pairs = [(adapter.object_prefix, tmp_path / "local" / "legal"), (weights.object_prefix, tmp_path / "local" / "m")]
+    prefixes = [arg for prefix, _ in pairs for arg in ("--prefix", prefix)]
+    assert weights_pull.main(["check", "--bucket", remote.name, *prefixes]) == 0
+    assert adapter.revision in capsys.readouterr().err
+    each = [arg for prefix, dest in pairs for arg in ("--prefix", prefix, "--dest", str(dest))]
+    assert weights_pull.main(["pull", "--bucket", remote.name, *each]) == 0
+    adapter_copy, model_copy = (dest for _, dest in pairs)
+    assert (adapter_copy / "adapter_model.safetensors").read_bytes() == b"\0" * 4096
+    assert (adapter_copy / weights_pull.COMPLETE).is_file() and (model_copy / weights_pull.COMPLETE).is_file()
+    with pytest.raises(SystemExit):  # a --dest short: refused before anything is fetched
+        weights_pull.main(["pull", "--bucket", remote.name, *prefixes, "--dest", str(tmp_path / "x")])
