@@ -1332,6 +1332,14 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
             "(vllm/config/lora.py MaxLoRARanks, v0.32.0)"
         )
     result.refusals += _adapter_problems(spec, adapters)
+    if spec.workload.speculative.method == "mtp" and spec.weights.source == "bucket":
+        # --speculative-config names the assistant by hub id: vLLM downloads it when it starts, which replicas
+        # serving the mirror cannot (HF_HUB_OFFLINE=1), and the mirror does not copy it.
+        result.refusals.append(
+            f"workload.speculative.method = 'mtp': the MTP assistant {model.mtp_assistant} is downloaded by vLLM "
+            "from the hub, and replicas serving the bucket run offline (HF_HUB_OFFLINE=1; the mirror does not copy "
+            "the assistant yet); allowed: weights from the hub, or ngram, none"
+        )
     if adapters and lora_slot_bytes(model, 1, len(adapters), _max_lora_rank(adapters)) is None:
         result.warnings.append(
             f"{len(adapters)} LoRA adapter(s) served: the memory vLLM reserves for LoRA slots is not counted in "

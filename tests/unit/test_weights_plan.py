@@ -151,3 +151,16 @@ def test_without_the_bucket_a_directory_adapter_is_served_where_it_is(tmp_path, 
     result = plan(parse_spec(data)).require_ok()
     assert result.weights.adapters == ()
     assert f"legal={tmp_path / 'legal'}" in result.replicas[0].argv
+
+
+def test_mtp_is_refused_with_weights_from_the_bucket():
+    """vLLM downloads the MTP assistant by its hub id when it starts: replicas serving the mirror cannot."""
+    data = {"model": "26b-a4b", "accelerator": {"kind": "h100-80gb"}, "workload": {"speculative": {"method": "mtp"}}}
+    assert plan(parse_spec(data)).ok
+    bucket = {"source": "bucket", "bucket": "gs://acme", "revision": REVISION}
+    result = plan(parse_spec(data | {"weights": bucket}))
+    assert not result.ok and result.refusals == [
+        "workload.speculative.method = 'mtp': the MTP assistant google/gemma-4-26B-A4B-it-assistant is downloaded by "
+        "vLLM from the hub, and replicas serving the bucket run offline (HF_HUB_OFFLINE=1; the mirror does not copy "
+        "the assistant yet); allowed: weights from the hub, or ngram, none"
+    ]
