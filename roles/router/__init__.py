@@ -153,6 +153,7 @@ def haproxy_config(
         access=access,
         routing=plan.routing,
         content_parts=content_parts(),
+        adapter_names=[adapter.name for adapter in plan.spec.serving.lora_adapters],
         raw_fallbacks=RAW_FALLBACKS,
         prompt_bytes=PROMPT_BYTES,
         raw_bytes=RAW_BYTES,
