@@ -8,6 +8,7 @@ adapter."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -137,16 +138,19 @@ def ensure_variant(
     base, out = Path(base).resolve(), Path(out).resolve()
     digest = recipe_digest(variant, base)
     stamp = out / STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()).get("recipe") == digest:
-        log(f"{variant}: {out} is built (recipe {digest})")
-        return out, False
-    staging = out.with_name(out.name + ".building")
-    shutil.rmtree(staging, ignore_errors=True)
-    log(f"{variant}: building {out} from {base} (recipe {digest})")
-    build_variant(variant, base, staging, log)
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
-    return out, True
+    # One builder at a time per variant: the vllm and sandbox test tiers run side by side and both want it.
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.is_file() and json.loads(stamp.read_text()).get("recipe") == digest:
+            log(f"{variant}: {out} is built (recipe {digest})")
+            return out, False
+        staging = out.with_name(out.name + ".building")
+        shutil.rmtree(staging, ignore_errors=True)
+        log(f"{variant}: building {out} from {base} (recipe {digest})")
+        build_variant(variant, base, staging, log)
+        shutil.rmtree(out, ignore_errors=True)
+        staging.rename(out)
+        return out, True
 
 
 def build_variant(variant: str, base: Path, out: Path, log: Log = print) -> Path:
