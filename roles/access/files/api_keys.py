@@ -45,6 +45,10 @@ STORE = "/etc/gemmaserve/api-keys"
 MAP = "/etc/gemmaserve/api-keys.map"
 # secret_fetch.py's exit statuses: the secret has no version (yet); its latest version is not enabled.
 FETCH_NOT_FOUND, FETCH_NOT_ENABLED = 3, 4
+# How long secret_fetch.py retries Secret Manager (its GEMMASERVE_FETCH_TIMEOUT) when the host already serves a
+# last good store: this unit runs before HAProxy at boot, and with the fetcher's default 120 s a reboot during an
+# outage held the endpoint back two minutes for keys it already had. The timer tries again at its next refresh.
+FETCH_TIMEOUT_WITH_KEYS = float(os.environ.get("GEMMASERVE_FETCH_TIMEOUT_WITH_KEYS", "15"))
 HEADER = "# gemmaserve API keys: `ID sha256:DIGEST CREATED` per line (digests, never keys); see `gemmaserve keys`.\n"
 # Safe in HAProxy's map values, its logs and a shell word.
 KEY_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -191,7 +195,11 @@ def sync(store: str, map_path: str, sock: str = SOCKET) -> str:
 
 def fetch_and_sync(secret: str, fetcher: str, store: str, map_path: str, sock: str = SOCKET) -> str:
     """Fetch the store from Secret Manager, then sync it; a failed fetch keeps the last good keys."""
-    status = subprocess.run([sys.executable, fetcher, secret, store], check=False).returncode  # says why itself
+    env = dict(os.environ)
+    if read_map(map_path) is not None:
+        window = min(float(env.get("GEMMASERVE_FETCH_TIMEOUT", "120")), FETCH_TIMEOUT_WITH_KEYS)
+        env["GEMMASERVE_FETCH_TIMEOUT"] = f"{window:g}"
+    status = subprocess.run([sys.executable, fetcher, secret, store], check=False, env=env).returncode  # says why
     if status == 0:
         return sync(store, map_path, sock)
     if read_map(map_path) is None:

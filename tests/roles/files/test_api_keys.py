@@ -158,6 +158,22 @@ def test_a_missing_store_never_empties_the_map(tmp_path, capsys):
     assert "keeps serving the 2 key(s) of the last good store (ids: alice, bob)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("keys, window", [(["alice"], "15"), (None, "120")])
+def test_a_host_with_keys_waits_briefly_for_secret_manager(tmp_path, monkeypatch, keys, window):
+    """The unit runs before HAProxy at boot: a host that has keys gives the fetcher 15 s, not its 120 s, so a
+    reboot during an outage serves the last good store at once (the timer fetches again later); a host that
+    never had keys waits the whole window, since it has nothing to serve."""
+    monkeypatch.setenv("GEMMASERVE_FETCH_TIMEOUT", "120")
+    seen = tmp_path / "window"
+    fetcher = tmp_path / "fetcher.py"
+    fetcher.write_text(
+        f"import os, sys\nopen({str(seen)!r}, 'w').write(os.environ['GEMMASERVE_FETCH_TIMEOUT'])\nsys.exit(1)\n"
+    )
+    _, args = host(tmp_path, keys)
+    assert api_keys.main(["sync", *args, "--secret", SECRET, "--fetcher", str(fetcher)]) == 1
+    assert seen.read_text() == window
+
+
 @pytest.mark.parametrize(
     "answer",
     [
