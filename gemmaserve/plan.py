@@ -396,9 +396,12 @@ ROUTING_LOAD_BOUND_PERCENT = 125
 # alone splits a conversation's turns: with 11 in flight on 2 replicas one takes another only while it holds fewer
 # than 7 (its share of 15 slots), and 12 conversations hashed at random put 7 or more on one replica 77 % of the
 # time; the sandbox measured 78-89 % of the ideal reuse with the bound alone, 100 % without it. A replica far
-# from its admission loses more to a recomputed prefix than to an uneven few requests. vllm-router's cache_aware policy makes the same trade with a wider margin: it balances only
-# once loads differ by more than 64 requests (balance_abs_threshold, vllm_router/router_args.py at 0.1.17).
+# from its admission loses more to a recomputed prefix than to an uneven few requests. vllm-router's cache_aware
+# policy makes the same trade: it balances only once loads differ by more than 64 requests (balance_abs_threshold,
+# vllm_router/router_args.py at 0.1.17); the floor never exceeds that, so a 1,024-sequence GPU replica is not left
+# with 127 requests while another idles.
 ROUTING_AFFINITY_FLOOR_DIVISOR = 8
+ROUTING_AFFINITY_FLOOR_MAX = 64
 # How long a request may wait at the balancer for its replica to free a slot, and the Retry-After of the 429
 # that follows: the balancer has already waited this long, so a client waits as long again.
 ROUTING_QUEUE_SECONDS = 5
@@ -432,8 +435,8 @@ class RoutingPlan:
     @property
     def affinity_floor(self) -> int:
         """A conversation keeps the replica of its first turn while that one holds fewer requests than this (and
-        is in service), past the load bound: 1/8 of the admission, at least 1 (ROUTING_AFFINITY_FLOOR_DIVISOR)."""
-        return max(1, self.replica_max_requests // ROUTING_AFFINITY_FLOOR_DIVISOR)
+        is in service), past the load bound: 1/8 of the admission, at least 1 and at most 64."""
+        return max(1, min(self.replica_max_requests // ROUTING_AFFINITY_FLOOR_DIVISOR, ROUTING_AFFINITY_FLOOR_MAX))
 
     def describe(self) -> str:
         """One line for `gemmaserve plan`."""

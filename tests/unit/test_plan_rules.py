@@ -335,12 +335,13 @@ def test_routing_defaults_to_prefix_affinity_with_admission_at_max_num_seqs():
     assert routing.load_bound_percent <= 130
     # vLLM defaults max_num_seqs to 1024 on a >= 70 GiB GPU that is not an A100 (EngineArgs.get_batch_defaults).
     assert routing.replica_max_requests == result.replicas[0].capacity.max_num_seqs == 1024
-    # Below 1/8 of that a conversation keeps its replica whatever the mean (docs/routing.md#the-load-bound).
-    assert routing.affinity_floor == 128
+    # Below 1/8 of that, and never past vllm-router's 64, a conversation keeps its replica whatever the mean
+    # (docs/routing.md#the-load-bound).
+    assert routing.affinity_floor == 64
     assert result.to_json()["routing"] == {
         "policy": "prefix-affinity",
         "load_bound": 1.25,
-        "affinity_floor": 128,
+        "affinity_floor": 64,
         "replica_max_requests": 1024,
         "queue_seconds": 5,
         "session_header": "X-Session-Id",
