@@ -1268,7 +1268,14 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
             env["VLLM_CPU_OMP_THREADS_BIND"] = wl.cpu_threads_bind
         env["XDG_CACHE_HOME"] = f"{cache}/xdg"
         env["TMPDIR"] = f"{cache}/tmp"
-        if not wl.enforce_eager:
+        if wl.enforce_eager:
+            # Eager still compiles one helper: the sampler's logprob rank count is a torch.compile'd function
+            # (batched_count_greater_than, vllm/v1/sample/ops/logprobs.py at v0.32.0), and inductor needs a C++
+            # compiler the vllm role installs only for compiled CPU plans. A request asking for logprobs crashed
+            # the engine core on a sandbox host ("InvalidCxxCompiler: No working C++ compiler found"). With
+            # dynamo off (torch/_dynamo/config.py at 2.13: TORCH_COMPILE_DISABLE) it runs as plain torch.
+            env["TORCH_COMPILE_DISABLE"] = "1"
+        else:
             # vLLM 0.32's CPU build saves AOT-compiled graphs it cannot load again ("'function' object has
             # no attribute 'finalize_loading'", seen on the sandbox), so every start recompiled (~40 s for
             # the tiny model). Without AOT, inductor's cache on /dev/shm serves restarts: 8.9 s instead.

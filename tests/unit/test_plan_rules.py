@@ -196,6 +196,16 @@ def test_cpu_profile_sizes_kv_from_env_not_utilization():
     assert any("TEST model" in w for w in result.warnings)
 
 
+@pytest.mark.parametrize("eager, disabled", [(True, "1"), (False, None)])
+def test_eager_cpu_replicas_run_torch_compile_d_helpers_as_plain_torch(eager, disabled):
+    """An eager CPU replica has no C++ compiler (the vllm role installs g++ only for compiled CPU plans), and vLLM's
+    sampler still torch.compiles its logprob rank count: dynamo is off there, so a logprobs request runs."""
+    spec = {"model": "tiny", "accelerator": {"kind": "cpu"}, "workload": {"enforce_eager": eager}}
+    assert planned(spec).replicas[0].env.get("TORCH_COMPILE_DISABLE") == disabled
+    gpu = {"model": "e2b", "accelerator": {"kind": "l4"}, "workload": {"enforce_eager": True}}
+    assert "TORCH_COMPILE_DISABLE" not in planned(gpu).replicas[0].env
+
+
 @pytest.mark.parametrize("eager, aot", [(False, "0"), (True, None)])
 def test_cpu_compile_turns_off_vllms_aot_artifacts(eager, aot):
     """vLLM 0.32 on CPU cannot reload its AOT artifacts; compiled CPU replicas use inductor's cache."""

@@ -77,12 +77,17 @@ def test_a_fine_tune_and_its_adapter_are_served_under_their_own_names(host, vari
     assert {m.id for m in client.models.list().data} == {FINE_TUNE, ADAPTER}
     journal = sandbox_host.run("journalctl -u vllm@0 --no-pager -o cat").stdout
     assert f"Loaded new LoRA adapter: name '{ADAPTER}', path '{variants[ADAPTER]}'" in journal
-    # No logprobs here: vLLM's sampler compiles its rank count with torch.compile when they are asked for, and
-    # Inductor needs a C++ compiler the sandbox host does not have (tests/vllm/test_served_variants.py compares
-    # the adapter's logprobs with the base's on the outer machine).
+    # Logprobs too: vLLM's sampler torch.compiles their rank count, and the host has no C++ compiler (the plan turns
+    # dynamo off for eager CPU replicas; before that this request crashed the engine core).
+    tokens = {}
     for model in (FINE_TUNE, ADAPTER):
-        answer = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=8, temperature=0)
+        answer = client.chat.completions.create(
+            model=model, messages=PROMPT, max_tokens=8, temperature=0, logprobs=True
+        )
         assert answer.model == model and answer.usage.completion_tokens > 0
+        tokens[model] = [(t.token, round(t.logprob, 4)) for t in answer.choices[0].logprobs.content]
+    # The adapter changes what the model computes: the same greedy request gives other tokens or other logprobs.
+    assert tokens[FINE_TUNE] != tokens[ADAPTER]
 
 
 def test_a_w8a8_checkpoint_is_served_quantized(host, variants, tmp_path, sandbox_host):
