@@ -311,16 +311,22 @@ def sandbox_endpoint(host: state.Host):
     return credentials.endpoint(host)
 
 
-def wait_until(predicate, timeout: float, what: str) -> None:
-    """Poll `predicate` every second until it holds; fail naming `what` after `timeout` seconds."""
+def poll(predicate, timeout: float, interval: float = 1.0) -> bool:
+    """Whether `predicate` held within `timeout` seconds, polled every `interval` seconds."""
     import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
-            return
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            return True
+        time.sleep(interval)
+    return False
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    """Poll `predicate` every second until it holds; fail naming `what` after `timeout` seconds."""
+    if not poll(predicate, timeout):
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 # A host's answer when none of its replicas is in service, so no replica accepted the request: HAProxy's own

@@ -197,7 +197,8 @@ def fetch_and_sync(secret: str, fetcher: str, store: str, map_path: str, sock: s
     """Fetch the store from Secret Manager, then sync it; a failed fetch keeps the last good keys."""
     env = dict(os.environ)
     if read_map(map_path) is not None:
-        window = min(float(env.get("GEMMASERVE_FETCH_TIMEOUT", "120")), FETCH_TIMEOUT_WITH_KEYS)
+        # Shorter than the fetcher's own window (its default, or one set for it), never longer.
+        window = min(float(env.get("GEMMASERVE_FETCH_TIMEOUT", "inf")), FETCH_TIMEOUT_WITH_KEYS)
         env["GEMMASERVE_FETCH_TIMEOUT"] = f"{window:g}"
     status = subprocess.run([sys.executable, fetcher, secret, store], check=False, env=env).returncode  # says why
     if status == 0:

@@ -24,7 +24,7 @@ from gemmaserve.sources import spec_from_host_data
 from roles.router import Settings
 from tests import ROOT
 from tests.roles.fixtures.test_haproxy_access import conn_cur
-from tests.sandbox_fixtures import Load, deploy, sandbox_endpoint, wait_until
+from tests.sandbox_fixtures import Load, deploy, poll, sandbox_endpoint, wait_until
 
 pytestmark = pytest.mark.sandbox
 
@@ -169,16 +169,6 @@ def key_in_flight(sandbox_host, key_id: str) -> int:
     return conn_cur(haproxy_admin(sandbox_host, "show table gemmaserve"), key_id)
 
 
-def poll(predicate, timeout: float) -> bool:
-    """Whether `predicate` held within `timeout` seconds (polled every 0.2 s)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def wait_in_flight(sandbox_host, key_id: str, count: int) -> None:
     wait_until(lambda: key_in_flight(sandbox_host, key_id) >= count, 60, f"{count} request(s) of {key_id} in flight")
 
@@ -237,7 +227,7 @@ def test_429_carries_retry_after(deployed, sandbox_host):
             for count in (1, 2):
                 threads.append(threading.Thread(target=one, args=(results,)))
                 threads[-1].start()
-                paired = poll(lambda count=count: key_in_flight(sandbox_host, "retry") >= count, 30)
+                paired = poll(lambda count=count: key_in_flight(sandbox_host, "retry") >= count, 30, 0.2)
                 if not paired:
                     break
             if paired:
