@@ -100,6 +100,19 @@ def bring_up(indices: list[int], request: pytest.FixtureRequest, bind_ro: tuple[
     return lifecycle.up_hosts(indices, bind_ro=bind_ro)
 
 
+def bring_up_new(count: int, request: pytest.FixtureRequest, bind_ro: tuple[str, ...] = ()) -> list[state.Host]:
+    """`count` hosts of their own (with extra read-only binds, SRC:DST), at free indices from 101 taken under
+    the sandbox lock (make test's other worker may be taking some at the same time: tests/conftest.py); torn
+    down afterwards."""
+    from gemmaserve.sandbox import lifecycle
+
+    teardown = SandboxTeardown([])
+    request.addfinalizer(teardown)
+    hosts = lifecycle.up_new_hosts(count, bind_ro=bind_ro)
+    teardown.names = [h.name for h in hosts]
+    return hosts
+
+
 @pytest.fixture(scope="session")
 def served_assets(sandbox_ready: None) -> None:
     """The prebuilt vLLM CPU venv and the tiny test model, which hosts bind read-only at boot.
@@ -151,8 +164,7 @@ def fresh_sandbox_host(
 
     The engine and test model are built first: hosts bind them read-only when they boot.
     """
-    [index] = state.free_indices(1)
-    [host] = bring_up([index], request)
+    [host] = bring_up_new(1, request)
     yield host
 
 
@@ -228,7 +240,7 @@ def bucket_hosts(
     from gemmaserve.sources import spec_from_host_data
 
     data = bucket_emulator.data
-    up = bring_up(state.free_indices(2), request)
+    up = bring_up_new(2, request)
     remotes = [
         testinfra.get_host(
             f"paramiko://{state.SSH_USER}@{h.address}",

@@ -41,8 +41,7 @@ def measure(cold: bool = False, log: Log = print) -> dict[str, float]:
     figures["rootfs_unpack_cached_s"] = time.monotonic() - started
     machine.remove_tree(scratch)
 
-    [index] = state.free_indices(1)
-    [host] = lifecycle.up_hosts([index], log=log)
+    [host] = lifecycle.up_new_hosts(1, log=log)
     try:
         timings = host.boot_timings
         figures["host_rootfs_ready_s"] = timings["rootfs_s"]
@@ -130,9 +129,8 @@ def measure_deploy(log: Log = print) -> dict[str, float]:
 
     ensure_engine_and_model()
     figures: dict[str, float] = {}
-    [index] = state.free_indices(1)
     started = time.monotonic()
-    [host] = lifecycle.up_hosts([index], log=log)
+    [host] = lifecycle.up_new_hosts(1, log=log)
     figures["host_up_s"] = time.monotonic() - started
     compiled = rootfs.CACHE_DIR / "bench-compiled.yaml"
     compiled.write_text(
@@ -174,8 +172,7 @@ def measure_engines(log: Log = print) -> dict[str, float]:
         "image_archive_mb": built.archive_bytes / 1e6,
     }
     for engine, data in (("wheel", {}), ("container", container_engine_data(built.reference, built.archive))):
-        [index] = state.free_indices(1)
-        [host] = lifecycle.up_hosts([index], log=log)
+        [host] = lifecycle.up_new_hosts(1, log=log)
         state.set_host_data(host.name, data)
         try:
             figures[f"{engine}_first_deploy_s"], _ = _pyinfra([host.name])
@@ -203,9 +200,7 @@ def measure_fleet(size: int = 4, log: Log = print) -> dict[str, float]:
     from gemmaserve.sandbox.demo import ensure_engine_and_model
 
     ensure_engine_and_model()
-    indices = state.free_indices(size + 1)
-    lifecycle.up_hosts(indices, log=log)
-    names = [state.host_name(i) for i in indices]
+    names = [h.name for h in lifecycle.up_new_hosts(size + 1, log=log)]
     cores = os.cpu_count() or 1
     figures: dict[str, float] = {"cores": cores}
     try:
@@ -305,8 +300,7 @@ def _measure_weights(figures: dict, emulator, model_dir: Path, weights_bytes: in
     figures["mirror_mib_s"] = report.mib_per_s
     figures["bucket_read_mib_s"] = _bucket_read_mib_s(host_plan.weights, log)
     figures["floor_bucket_s"] = weights_bytes / 2**20 / figures["bucket_read_mib_s"]
-    indices = state.free_indices(2)
-    hosts = lifecycle.up_hosts(indices, log=log)
+    hosts = lifecycle.up_new_hosts(2, log=log)
     try:
         first = hosts[0]
         _deploy_with(first, local_data, log)
@@ -484,8 +478,7 @@ def measure_routing(
     if vllm_router:
         # Before the host boots: the venvs directory is bound into it.
         router_engines.ensure_venv(log)
-    [index] = state.free_indices(1)
-    [host] = lifecycle.up_hosts([index], log=log)
+    [host] = lifecycle.up_new_hosts(1, log=log)
     runs = []
     try:
         for policy in ROUTING_POLICIES:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,17 +104,42 @@ def up(hosts: int = 1, bind_ro: Iterable[str] = (), log: Log = plain_log) -> lis
 
 
 def up_hosts(indices: Iterable[int], bind_ro: Iterable[str] = (), log: Log = plain_log) -> list[Host]:
-    problems = check_prerequisites()
-    if problems:
-        raise RuntimeError("; ".join(problems))
     indices = list(indices)
     if any(not 1 <= i <= 254 for i in indices):
         raise ValueError("host indices run from 1 to 254 (10.231.<index>.0/30)")
+    return _up(lambda st: indices, bind_ro, log)
+
+
+def up_new_hosts(count: int, bind_ro: Iterable[str] = (), log: Log = plain_log) -> list[Host]:
+    """`count` new hosts at the first free indices from 101, picked and taken under the sandbox lock, so two
+    processes bringing hosts up at once (make test's two workers) never pick the same index. All or none: a
+    host that fails to come up takes down the ones this call brought up before it."""
+    taken: list[int] = []
+
+    def pick(st: State) -> list[int]:
+        taken[:] = state.free_indices(count, st=st)
+        return taken
+
+    try:
+        return _up(pick, bind_ro, log)
+    except BaseException:
+        recorded = state.load_state()
+        if up := [state.host_name(i) for i in taken if recorded.host(state.host_name(i))]:
+            down(up, log)
+        raise
+
+
+def _up(pick: Callable[[State], list[int]], bind_ro: Iterable[str], log: Log) -> list[Host]:
+    """Bring up the indices `pick` chooses from the state, under the sandbox lock."""
+    problems = check_prerequisites()
+    if problems:
+        raise RuntimeError("; ".join(problems))
     rootfs.ensure_outer_tools(log)
     ready: list[Host] = []
     try:
         with state.locked_state() as st:
             _remove_dead(st, log)
+            indices = pick(st)
             wanted = []
             for index in indices:
                 existing = st.host(state.host_name(index))

@@ -85,10 +85,11 @@ def set_host_data(name: str, data: dict) -> None:
         host.host_data = dict(data)
 
 
-def free_indices(count: int, start: int = 101) -> list[int]:
-    """The first `count` host indices from `start` that no recorded host uses (throwaway hosts for
-    benches and tests start at 101, clear of sandbox-1..N)."""
-    taken = {h.name for h in load_state().hosts}
+def free_indices(count: int, start: int = 101, st: State | None = None) -> list[int]:
+    """The first `count` host indices from `start` that no host recorded in `st` (else in state.json) uses
+    (throwaway hosts for benches and tests start at 101, clear of sandbox-1..N). Read without the lock, two
+    processes may get the same ones: `lifecycle.up_new_hosts` picks and takes them under it."""
+    taken = {h.name for h in (st or load_state()).hosts}
     free = [i for i in range(start, 255) if host_name(i) not in taken][:count]
     if len(free) < count:
         raise RuntimeError(f"no {count} free sandbox host indices from {start} (at most 254)")

@@ -110,10 +110,9 @@ def test_down_of_last_host_restores_ip_forward(torn_down: TornDown) -> None:
 
 @pytest.mark.sandbox_teardown
 def test_down_keeps_nat_while_another_host_is_up(request: pytest.FixtureRequest, sandbox_ready: None) -> None:
-    from tests.sandbox_fixtures import bring_up
+    from tests.sandbox_fixtures import bring_up_new
 
-    first, second = state.free_indices(2)
-    bring_up([first, second], request)
+    first, second = (h.index for h in bring_up_new(2, request))
     lifecycle.down([state.host_name(first)])
     assert network.nft_table_exists()
     lifecycle.down([state.host_name(second)])
@@ -125,10 +124,9 @@ def test_up_removes_a_host_whose_nspawn_died(request: pytest.FixtureRequest, san
     """A host whose systemd-nspawn is gone (the machine restarted mid-run, or the run was killed) leaves its
     netns, veth, cgroups, files and record; the next `up`, of any host, removes them, so hosts/sandbox.py stops
     listing a host nothing answers on (CI once ran `status` and `verify` on two such hosts and failed)."""
-    from tests.sandbox_fixtures import bring_up
+    from tests.sandbox_fixtures import bring_up_new
 
-    first, second = state.free_indices(2)
-    dead, alive = bring_up([first, second], request)
+    dead, alive = bring_up_new(2, request)
     leader = machine.leader_pid(dead)
     assert leader is not None
     os.kill(leader, signal.SIGKILL)  # its PID 1, by the PID recorded for it: the whole host dies at once
@@ -137,7 +135,7 @@ def test_up_removes_a_host_whose_nspawn_died(request: pytest.FixtureRequest, san
     assert Path(f"/sys/class/net/{dead.veth}").exists() and Path(dead.root).exists()
 
     lines: list[str] = []
-    assert [h.name for h in lifecycle.up_hosts([second], log=lines.append)] == [alive.name]
+    assert [h.name for h in lifecycle.up_hosts([alive.index], log=lines.append)] == [alive.name]
     print("\n" + "\n".join(lines))
     assert any(line.startswith(f"{dead.name}: found dead") for line in lines), lines
     assert state.load_state().host(dead.name) is None and machine.is_alive(state.load_state().host(alive.name))

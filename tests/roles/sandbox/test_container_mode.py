@@ -76,7 +76,7 @@ from tests.roles.sandbox.test_resilience import (  # noqa: F401 - tests collecte
     two_replica_data,
     used_api_key,
 )
-from tests.sandbox_fixtures import bring_up, deploy, sandbox_endpoint, wait_until
+from tests.sandbox_fixtures import bring_up_new, deploy, sandbox_endpoint, wait_until
 
 pytestmark = pytest.mark.sandbox
 
@@ -92,8 +92,7 @@ def container_host(request, sandbox_ready, served_image, tmp_path_factory):
     """A host of its own, booted after the image exists (its archive is bound read-only), recorded with
     this module's host data (test_resilience's two replicas, from the image): every deploy, `verify`
     and `status` through hosts/sandbox.py plans what it runs, as after `gemmaserve demo --engine container`."""
-    [index] = state.free_indices(1)
-    [host] = bring_up([index], request)
+    [host] = bring_up_new(1, request)
     data = {
         **container_engine_data(served_image.reference, served_image.archive),
         **two_replica_data(tmp_path_factory.mktemp("container")),
@@ -280,18 +279,6 @@ def test_image_without_vllm_fails_before_the_replica_is_touched(two_replicas, sa
     assert "the running replica was not touched" in output
     assert unit_and_env(sandbox_host) == before
     assert set(haproxy_status(sandbox_host).values()) == {"UP"}
-
-
-def test_missing_runtime_fails_before_any_operation(serving_peer, tmp_path):
-    """The wheel host has no podman; told not to install one, a container deploy stops before it starts."""
-    data = {
-        "gemmaserve_engine": {"kind": "container", "image": "localhost/gemmaserve/vllm-cpu:0.32.0@sha256:" + "1" * 64},
-        "vllm_install_runtime": False,
-    }
-    output = deploy_expecting_error(serving_peer, data, tmp_path)
-    assert "vllm@0.service run localhost/gemmaserve/vllm-cpu:0.32.0@sha256:" in output
-    assert "the container runtime /usr/bin/podman is missing and vllm_install_runtime is false" in output
-    assert "Starting operation" not in output
 
 
 # --- the real podman CLI, given what a GPU host's unit renders ----------------------------------------

@@ -463,3 +463,20 @@ def test_bench_scaled_down_sweep_writes_table_json_and_plot(deployed, tmp_path):
     assert all(p["results"]["completed"] == p["num_prompts"] and p["results"]["output_throughput"] > 0 for p in points)
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "gemmaserve bench" in result.stdout
+
+
+def test_a_container_deploy_without_a_runtime_fails_before_any_operation(deployed, sandbox_host, tmp_path):
+    """This wheel host has no podman; told not to install one, a container deploy stops before it starts.
+    (Here, not in test_container_mode.py: that module runs on make test's other worker, beside this one,
+    with no host of this worker's: tests/conftest.py.)"""
+    host, _ = deployed
+    assert not sandbox_host.exists("podman")
+    data = {
+        "gemmaserve_engine": {"kind": "container", "image": "localhost/gemmaserve/vllm-cpu:0.32.0@sha256:" + "1" * 64},
+        "vllm_install_runtime": False,
+    }
+    result = deploy(host.name, data, tmp_path)
+    assert result.returncode != 0, result.output[-3000:]
+    assert "vllm@0.service run localhost/gemmaserve/vllm-cpu:0.32.0@sha256:" in result.output
+    assert "the container runtime /usr/bin/podman is missing and vllm_install_runtime is false" in result.output
+    assert "Starting operation" not in result.output

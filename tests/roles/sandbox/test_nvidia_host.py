@@ -30,7 +30,7 @@ from gemmaserve.topology import parse_topo_matrix, with_topology
 from roles._lib.render import render
 from roles.replicas import TEMPLATES, affinity_dropin, unit_context
 from tests.roles.sandbox.cuda_repo import DRIVER, MOUNT, NEWER, RECORDED, build_repo
-from tests.sandbox_fixtures import bring_up
+from tests.sandbox_fixtures import bring_up_new
 
 pytestmark = pytest.mark.sandbox
 
@@ -52,8 +52,7 @@ def sh(host: state.Host, command: str, timeout: float = 120):
 def gpu_host(request, sandbox_ready, served_assets, tmp_path_factory):
     kernel = os.uname().release
     repo = build_repo(tmp_path_factory.mktemp("cuda-repo") / "repo", kernel)
-    [index] = state.free_indices(1)
-    [host] = bring_up([index], request, bind_ro=(f"{repo}:{MOUNT}",))
+    [host] = bring_up_new(1, request, bind_ro=(f"{repo}:{MOUNT}",))
     recorded = host.rootfs / "usr/local/share/gemmaserve-recorded"
     recorded.mkdir(parents=True, exist_ok=True)
     (recorded / "lspci-nn.txt").write_text((RECORDED / "h100_hgx_lspci_nn.txt").read_text())

@@ -38,7 +38,7 @@ from tests.roles.sandbox.rocm_repo import (
     ROCM_VERSION,
     build_repo,
 )
-from tests.sandbox_fixtures import bring_up
+from tests.sandbox_fixtures import bring_up_new
 
 pytestmark = pytest.mark.sandbox
 
@@ -68,8 +68,7 @@ def inventory(path, host: state.Host, spec: dict) -> str:
 def amd_host(request, sandbox_ready, served_assets, tmp_path_factory):
     started = time.monotonic()
     repo = build_repo(tmp_path_factory.mktemp("rocm-repo") / "repo", os.uname().release)
-    [index] = state.free_indices(1)
-    [host] = bring_up([index], request, bind_ro=(f"{repo}:{MOUNT}",))
+    [host] = bring_up_new(1, request, bind_ro=(f"{repo}:{MOUNT}",))
     up = time.monotonic() - started
     # The distribution's headers for the running kernel (Debian has none for the outer machine's kernel).
     (host.rootfs / HEADERS_LIST.lstrip("/")).write_text(
