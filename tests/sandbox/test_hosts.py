@@ -110,12 +110,23 @@ def test_down_of_last_host_restores_ip_forward(torn_down: TornDown) -> None:
 
 @pytest.mark.sandbox_teardown
 def test_down_keeps_nat_while_another_host_is_up(request: pytest.FixtureRequest, sandbox_ready: None) -> None:
-    from tests.sandbox_fixtures import bring_up_new
+    """Its two hosts are taken at the same time by two callers, as make test's two workers take theirs: each gets
+    a host of its own (with the free index read outside the sandbox lock, both got the same one, the second
+    "already up")."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    first, second = (h.index for h in bring_up_new(2, request))
-    lifecycle.down([state.host_name(first)])
+    from tests.sandbox_fixtures import SandboxTeardown
+
+    teardown = SandboxTeardown([])
+    request.addfinalizer(teardown)
+    with ThreadPoolExecutor(2) as pool:
+        taking = [pool.submit(lifecycle.up_new_hosts, 1) for _ in range(2)]
+        teardown.names = [h.name for f in taking if not f.exception() for h in f.result()]
+    [first], [second] = (f.result() for f in taking)
+    assert first.name != second.name, teardown.names
+    lifecycle.down([first.name])
     assert network.nft_table_exists()
-    lifecycle.down([state.host_name(second)])
+    lifecycle.down([second.name])
     assert network.nft_table_exists() == bool(state.load_state().hosts)
 
 
