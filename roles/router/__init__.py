@@ -32,6 +32,8 @@ class Settings(RoleSettings):
     bind: str = "0.0.0.0"
     # HAProxy's stats page and Prometheus exporter, on loopback (the monitoring role scrapes it).
     stats_port: int = 8404
+    # The conversation tables' local peer, on loopback: on a reload the old HAProxy hands them to the new one.
+    peers_port: int = 8405
     stream_timeout: str = "1h"
 
 
@@ -148,6 +150,7 @@ def haproxy_config(
         bind=settings.bind,
         port=plan.router_port,
         stats_port=settings.stats_port,
+        peers_port=settings.peers_port,
         stream_timeout=settings.stream_timeout,
         replicas=plan.replicas,
         access=access,
