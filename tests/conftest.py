@@ -48,7 +48,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 # `make test` runs two pytest-xdist workers (docs/testing.md): one runs every test under these directories, the
 # sandbox tier with them, in order (its hosts are session fixtures its modules share); the other runs everything
-# else in order, then OWN_HOST_MODULES. The two never share a fixture, a port or a host, and the CPU-bound tests
+# else in order, then OWN_HOST_MODULES. The workers never share a fixture, a port or a host, and the CPU-bound tests
 # run while sandbox tests wait on hosts. A sandbox test elsewhere would run beside them:
 # `pytest_collection_modifyitems` refuses it.
 SANDBOX_WORKER_DIRS = ("tests/roles/sandbox/", "tests/sandbox/")
@@ -85,6 +85,21 @@ def outside_the_sandbox_worker(items: list[pytest.Item]) -> list[str]:
     ]
 
 
+# The sandbox worker's session hosts (tests/sandbox_fixtures.py): a module in OWN_HOST_MODULES runs on the other
+# worker, where asking for one would bring up a second copy of it beside the first.
+SANDBOX_WORKER_HOSTS = ("sandbox_hosts", "bucket_emulator", "bucket_hosts", "serving_peer")
+
+
+def own_host_modules_borrowing(items: list[pytest.Item]) -> list[str]:
+    """Each test of OWN_HOST_MODULES that asks for one of the sandbox worker's session hosts."""
+    return [
+        f"{item.nodeid}: uses {', '.join(used)}, a host of the sandbox worker's (tests/conftest.py, OWN_HOST_MODULES)"
+        for item in items
+        if item.nodeid.startswith(OWN_HOST_MODULES)
+        and (used := [f for f in SANDBOX_WORKER_HOSTS if f in getattr(item, "fixturenames", ())])
+    ]
+
+
 def unmarked_tiers(items: list[pytest.Item]) -> list[str]:
     """Each test asking for a tier's fixture without that tier's marker."""
     problems = []
@@ -101,6 +116,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Before `-m` deselects anything: every collected test is held to its fixtures' tiers.
     if unmarked := unmarked_tiers(items):
         raise pytest.UsageError("tests missing their tier's marker (docs/testing.md):\n" + "\n".join(unmarked))
+    if borrowing := own_host_modules_borrowing(items):
+        raise pytest.UsageError("\n".join(borrowing))
     if misplaced := outside_the_sandbox_worker(items):
         raise pytest.UsageError(
             "sandbox tests must live where make test's sandbox worker runs them:\n" + "\n".join(misplaced)
