@@ -233,12 +233,22 @@ class WeightsPlan:
     prefix: str = ""
     # With weights from the bucket, the spec's LoRA adapters come from it too (pinned ones: the rest are refused).
     adapters: tuple[AdapterWeights, ...] = ()
+    # With weights from the hub, the pinned hub adapters as (repo id, commit): the weights role downloads each
+    # snapshot before the model, with the same client and token (the argv names the snapshot: adapter_path).
+    hub_adapters: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
     def of(spec: Spec) -> WeightsPlan:
         weights, model = spec.weights, spec.model_info
         if weights.source == "hub":
-            return WeightsPlan("local" if model.local_dir else "hub", model.hf_id, weights.revision)
+            if model.local_dir:
+                return WeightsPlan("local", model.hf_id, weights.revision)
+            pinned = tuple(
+                (a.source, a.revision)
+                for a in spec.serving.lora_adapters
+                if a.revision and not a.source.startswith("/")
+            )
+            return WeightsPlan("hub", model.hf_id, weights.revision, hub_adapters=pinned)
         bucket, _, prefix = weights.bucket.removeprefix("gs://").partition("/")
         prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
         adapters = tuple(
@@ -1100,8 +1110,10 @@ def lora_slot_bytes(model: ModelInfo, tp: int, max_loras: int, max_rank: int) ->
 
 def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
     """Adapters the replicas could not get. With weights from the bucket every adapter comes from it, mirrored at a
-    pinned revision (WeightsPlan.adapters). Otherwise no role fetches a pinned hub snapshot, and vLLM's own download
-    of an id (vllm/lora/utils.py get_adapter_absolute_path) cannot run under HF_HUB_OFFLINE."""
+    pinned revision (WeightsPlan.adapters). With weights from the hub on the wheel engine, the weights role downloads
+    a pinned hub adapter's snapshot (WeightsPlan.hub_adapters); a container's vLLM has no such step, and vLLM's own
+    download of an id (vllm/lora/utils.py get_adapter_absolute_path) takes no revision and cannot run under
+    HF_HUB_OFFLINE."""
     from_bucket = spec.weights.source == "bucket"
     offline = from_bucket or spec.model_info.local_dir is not None
     problems = []
@@ -1123,12 +1135,14 @@ def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
         if adapter.source.startswith("/"):
             continue
         if adapter.revision:
-            problems.append(
-                f"{field}.revision = {adapter.revision!r}: a pinned hub adapter is served from its snapshot "
-                f"({adapter_path(adapter)}), which no role fetches from the hub; allowed: weights from the bucket "
-                "(the mirror copies the adapter too), a directory on the hosts, or no revision (vLLM downloads the "
-                "id when it starts)"
-            )
+            if offline or spec.engine.kind == "container":
+                why = "the model is a directory (replicas run offline)" if offline else "engine.kind is container"
+                problems.append(
+                    f"{field}.revision = {adapter.revision!r}: a pinned hub adapter is served from its snapshot "
+                    f"({adapter_path(adapter)}), which the weights role downloads only beside hub weights on the "
+                    f"wheel engine, and {why}; allowed: weights from the bucket (the mirror copies the adapter too), "
+                    "a directory on the hosts, or no revision (vLLM downloads the id when it starts)"
+                )
         elif offline:
             problems.append(
                 f"{field}.source = {adapter.source!r}: the replicas run offline (HF_HUB_OFFLINE=1: weights from the "

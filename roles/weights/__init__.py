@@ -3,7 +3,7 @@ host, shared by its replicas) or, without a mirror, downloaded from Hugging Face
 client. Either way it is gemmaserve-weights.service, ordered before the replicas, so the health window
 of a replica never has to cover a download; a deploy checks the mirror before it restarts anything. The
 spec's LoRA adapters come from the bucket with the weights (streamed weights too): the same puller, before
-the model."""
+the model; with weights from the hub, the pinned hub adapters are downloaded the same way, before the model."""
 
 from __future__ import annotations
 
@@ -81,9 +81,19 @@ def marker_paths(plan: Plan) -> list[str]:
     if found := pulls(plan):
         return [f"{local}/.gemmaserve-complete" for _, local in found]
     if weights.mode == "hub" and plan.engine.kind == "wheel":
-        name = weights.model_id.replace("/", "--")
-        return [f"{WEIGHTS_DIR}/.hub-{name}-{weights.revision or 'main'}.complete"]
+        return [hub_marker(repo, revision) for repo, revision in hub_downloads(plan)]
     return []
+
+
+def hub_downloads(plan: Plan) -> list[tuple[str, str | None]]:
+    """(repo id, revision) of each `hf download` in hub mode: the pinned adapters, then the model, whose marker
+    replicas check."""
+    weights = plan.weights
+    return [*weights.hub_adapters, (weights.model_id, weights.revision)]
+
+
+def hub_marker(repo: str, revision: str | None) -> str:
+    return f"{WEIGHTS_DIR}/.hub-{repo.replace('/', '--')}-{revision or 'main'}.complete"
 
 
 def marker_path(plan: Plan) -> str | None:
@@ -103,12 +113,14 @@ def fetch_command(plan: Plan, settings: Settings) -> str:
     if found := pulls(plan):
         each = " ".join(f"--prefix {prefix} --dest {local}" for prefix, local in found)
         return f"/usr/bin/python3 {PULL} pull --bucket {weights.bucket} {each} --parallel {settings.parallel}"
-    revision = f" --revision {weights.revision}" if weights.revision else ""
-    marker = marker_path(plan)
-    return (
-        f'/bin/sh -c \'{plan.engine.venv}/bin/hf download {weights.model_id}{revision} --exclude "original/*" '
-        f"&& touch {marker}'"
-    )
+    steps = []
+    for repo, revision in hub_downloads(plan):
+        pin = f" --revision {revision}" if revision else ""
+        # The model's original/ folder holds the same weights in another format; vLLM reads neither it nor an
+        # adapter's extras, but an adapter repository is small and taken whole.
+        exclude = ' --exclude "original/*"' if repo == weights.model_id else ""
+        steps.append(f"{plan.engine.venv}/bin/hf download {repo}{pin}{exclude} && touch {hub_marker(repo, revision)}")
+    return f"/bin/sh -c '{' && '.join(steps)}'"
 
 
 def unit_context(plan: Plan, settings: Settings, emulator: str | None) -> dict:
@@ -166,8 +178,9 @@ def weights(plan: Plan) -> None:
             MirrorCheck, bucket=plan.weights.bucket, prefixes=[prefix for prefix, _ in from_bucket], emulator=emulator
         )
     fetched = [f"{plan.weights.model_id} weights"] if plan.weights.mode != "stream" else []
-    if plan.weights.adapters and from_bucket:
-        fetched.append(f"{len(plan.weights.adapters)} LoRA adapter(s)")
+    adapters = len(plan.weights.adapters) if from_bucket else len(plan.weights.hub_adapters)
+    if adapters:
+        fetched.append(f"{adapters} LoRA adapter(s)")
     what = " and ".join(fetched)
     fetch_before_replicas(
         name=f"Fetch {what} to local disk before any replica restarts",

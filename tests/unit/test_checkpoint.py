@@ -482,7 +482,7 @@ def test_adapters_are_served_under_their_names(tmp_path: Path) -> None:
     assert result.replicas[0].cache_key != plain.replicas[0].cache_key
 
 
-def test_hub_adapters_the_replicas_cannot_get_are_refused(tmp_path: Path, monkeypatch) -> None:
+def test_hub_adapters_are_fetched_or_refused_by_where_replicas_get_them(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     commit = "c" * 40
     text = (FIXTURES / "adapters" / "gemma4-31b-lora-r16.json").read_text()
@@ -495,10 +495,15 @@ def test_hub_adapters_the_replicas_cannot_get_are_refused(tmp_path: Path, monkey
     # By id: vLLM downloads it when it starts.
     by_id = planned({"name": "sql", "source": "my-org/gemma4-sql-lora"})
     assert by_id.ok and "sql=my-org/gemma4-sql-lora" in by_id.replicas[0].argv
-    # Pinned, with the weights from the hub: the snapshot no role fetches from the hub.
+    # Pinned, with the weights from the hub: the weights role downloads that snapshot and vLLM is given its path.
     pinned = planned({"name": "sql", "source": "my-org/gemma4-sql-lora", "revision": commit})
-    assert not pinned.ok and "serving.lora_adapters[0].revision" in pinned.refusals[0]
-    assert f"models--my-org--gemma4-sql-lora/snapshots/{commit}" in pinned.refusals[0]
+    snapshot = f"/var/lib/gemmaserve/hf/hub/models--my-org--gemma4-sql-lora/snapshots/{commit}"
+    assert pinned.ok and f"sql={snapshot}" in pinned.replicas[0].argv
+    assert pinned.weights.hub_adapters == (("my-org/gemma4-sql-lora", commit),)
+    # A container has no such download: refused, naming the engine.
+    boxed = planned({"name": "sql", "source": "my-org/gemma4-sql-lora", "revision": commit}, engine={"kind": "container"})
+    assert not boxed.ok and "serving.lora_adapters[0].revision" in boxed.refusals[0]
+    assert "engine.kind is container" in boxed.refusals[0] and snapshot in boxed.refusals[0]
     # Offline replicas (a model directory) cannot download it.
     tuned = fine_tune_of("31b", tmp_path / "ft")
     offline = planned({"name": "sql", "source": "my-org/gemma4-sql-lora"}, model=str(tuned))
