@@ -324,7 +324,8 @@ class Accelerator:
     def valid_counts(self) -> tuple[int, ...]:
         """Device counts one host can have."""
         if self.tpu_types:
-            return tuple(sorted({t.chips for t in self.tpu_types}))
+            # A larger slice spans several hosts (the cloud config says how many).
+            return tuple(sorted({t.chips for t in self.tpu_types if t.chips <= self.max_devices_per_host}))
         if self.gcp_machine_types:
             counts = {m.count for m in self.gcp_machine_types if m.count <= self.max_devices_per_host}
             # Bare-metal hosts are not limited to Google's shapes.
@@ -476,12 +477,14 @@ ACCELERATORS: tuple[Accelerator, ...] = (
         default_max_num_batched_tokens=1024,
     ),
     Accelerator(
-        # Ironwood: 192 GB HBM3E per chip; usable share assumed as on v6e (31.25 of 32).
+        # Ironwood: 192 GB HBM3E per chip; usable share assumed as on v6e (31.25 of 32). "Each Ironwood
+        # (TPU7x) VM contains four chips" (cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood): an
+        # 8-chip slice spans two hosts. The type names' counts are not confirmed by Google's pages.
         name="tpu-v7",
         vendor="google",
         memory_gib=187.5,
         interconnect="ici",
-        max_devices_per_host=8,
+        max_devices_per_host=4,
         tpu_types=tuple(TpuType(f"tpu7x-{c}", c, "v2-alpha-tpu7-ubuntu2404") for c in (4, 8)),
     ),
     Accelerator(

@@ -167,10 +167,17 @@ class AcceleratorSpec(Strict):
 
     @model_validator(mode="after")
     def _count_fits_kind(self) -> AcceleratorSpec:
-        allowed = CATALOG.accelerator(self.kind).valid_counts
+        acc = CATALOG.accelerator(self.kind)
+        allowed = acc.valid_counts
         if self.count not in allowed:
+            spans = ""
+            if acc.tpu_type_for(self.count):
+                # A slice larger than one TPU VM is several hosts, each serving alone (gemmaserve.cloud.config).
+                hosts = -(-self.count // acc.max_devices_per_host)
+                spans = f" (a slice of {self.count} chips spans {hosts} VMs of {acc.max_devices_per_host} chips each)"
             raise ValueError(
-                f"count {self.count} is not a valid {self.kind} host size; allowed: {', '.join(map(str, allowed))}"
+                f"count {self.count} is not a valid {self.kind} host size{spans}; "
+                f"allowed: {', '.join(map(str, allowed))}"
             )
         return self
 
@@ -440,8 +447,8 @@ class Serving(Strict):
         120, ge=0, le=3600, description="Seconds in-flight requests may take to finish when a replica stops."
     )
     # How long one response (a long generation, a stream) may run end to end: HAProxy's client/server
-    # timeout (roles/router, router_stream_timeout "1h") and the load balancer's backend-service timeout
-    # (infra/load_balancer.py) in front of it, so neither cuts a stream the other still serves.
+    # timeout (roles/router) and the load balancer's backend-service timeout (infra/load_balancer.py) in
+    # front of it, both from this one value, so neither cuts a stream the other still serves.
     stream_timeout: int = Field(3600, ge=30, le=86400, description="Seconds one response may stream end to end.")
     # How HAProxy picks a replica (docs/routing.md): prefix-affinity keeps a conversation on the replica
     # whose prefix cache holds it, with bounded load and admission at the planned concurrency;

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gemmaserve.catalog import GcpMachineType, TpuType
+from gemmaserve.catalog import CATALOG, GcpMachineType, TpuType
 from gemmaserve.plan import Plan, plan
 from gemmaserve.sources import (
     NAMESPACE,
@@ -64,12 +64,10 @@ TPU_DATA_DISK_TYPES = {
     "tpu-v7": ("hyperdisk-balanced",),
     "tpu-v5e": ("pd-balanced",),
 }
-# Chips on one TPU VM: a larger slice spans several VMs, each a host with its own address (the node's
-# networkEndpoints), and a stack serves one host per slice, so it is refused. v6e and v5e: up to 8 chips
-# on one host (v6e-8, v5litepod-8; cloud.google.com/tpu/docs/v6e, cloud.google.com/tpu/docs/v5e);
-# TPU7x: "Each Ironwood (TPU7x) VM contains four chips"
-# (cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood).
-TPU_CHIPS_PER_VM = {"tpu-v6e": 8, "tpu-v5e": 8, "tpu-v7": 4}
+# A slice larger than one TPU VM (the catalog's max_devices_per_host: 8 on v6e and v5e, 4 on TPU7x) spans
+# several VMs, each a host with its own address (the node's networkEndpoints); a stack serves one host per
+# slice, so the spec refuses such a count (AcceleratorSpec, naming the VMs it would span).
+TPU_KINDS = tuple(a.name for a in CATALOG.accelerators if a.vendor == "google")
 # Sold only through GKE, not through the Cloud TPU API's queued resources this program uses: "To use
 # TPU7x, you must use Google Kubernetes Engine (GKE)" (cloud.google.com/tpu/docs/tpu7x; the queued
 # resources page says the same, cloud.google.com/tpu/docs/queued-resources).
@@ -520,13 +518,7 @@ def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
             problems.append(
                 f"accelerator.kind = {acc.name!r}: Ironwood (TPU7x) is sold through GKE only, not as the Cloud TPU"
                 " queued resources this program requests; allowed: "
-                f"{', '.join(k for k in TPU_CHIPS_PER_VM if k not in GKE_ONLY_TPUS)} ({GKE_ONLY_TPUS[acc.name]})"
-            )
-        per_vm = TPU_CHIPS_PER_VM.get(acc.name)
-        if per_vm and count > per_vm:
-            problems.append(
-                f"accelerator.count = {count}: a {acc.name} slice of {count} chips spans {math.ceil(count / per_vm)}"
-                f" VMs ({per_vm} chips each), and a stack serves one host per slice; allowed: at most {per_vm}"
+                f"{', '.join(k for k in TPU_KINDS if k not in GKE_ONLY_TPUS)} ({GKE_ONLY_TPUS[acc.name]})"
             )
         takes = TPU_DATA_DISK_TYPES.get(acc.name, ())
         disk_type = cloud.weights_disk.type

@@ -34,7 +34,12 @@ class Settings(RoleSettings):
     stats_port: int = 8404
     # The conversation tables' local peer, on loopback: on a reload the old HAProxy hands them to the new one.
     peers_port: int = 8405
-    stream_timeout: str = "1h"
+    # HAProxy's timeout client/server came from router_stream_timeout; they now come from the spec's
+    # serving.stream_timeout, the one setting the load balancer in front of HAProxy takes too.
+    renamed = {
+        "stream_timeout": "set serving.stream_timeout in the spec, in seconds (HAProxy and the load balancer in "
+        "front of it both take it)"
+    }
 
 
 # The routing key's leading content (templates/haproxy-routing.cfg.j2). A completions prompt has no messages to
@@ -151,7 +156,7 @@ def haproxy_config(
         port=plan.router_port,
         stats_port=settings.stats_port,
         peers_port=settings.peers_port,
-        stream_timeout=settings.stream_timeout,
+        stream_timeout=f"{plan.spec.serving.stream_timeout}s",
         replicas=plan.replicas,
         access=access,
         routing=plan.routing,

@@ -155,7 +155,7 @@ def test_tpu_zones_may_span_regions():
             "flex-start tpu-v6e is not sold there and at least one zone must sell it",
         ),
         (
-            spec_raw("tpu-v7", 8, provisioning="flex-start", max_run_duration="1d", zones=["us-central1-a"]),
+            spec_raw("tpu-v7", 4, provisioning="flex-start", max_run_duration="1d", zones=["us-central1-a"]),
             "allowed: none (no flex-start for tpu-v7)",
         ),
         (
@@ -187,14 +187,13 @@ def test_tpu_zones_may_span_regions():
             "cloud.weights_disk.type = 'pd-ssd': G4 attaches Hyperdisk only",
         ),
         (
-            spec_raw("tpu-v7", 8, zones=["us-central1-c"]),
+            spec_raw("tpu-v7", 4, zones=["us-central1-c"]),
             "accelerator.kind = 'tpu-v7': Ironwood (TPU7x) is sold through GKE only, not as the Cloud TPU queued"
-            " resources this program requests; allowed: tpu-v6e, tpu-v5e (https://cloud.google.com/tpu/docs/tpu7x)",
+            " resources this program requests; allowed: tpu-v5e, tpu-v6e (https://cloud.google.com/tpu/docs/tpu7x)",
         ),
         (
             spec_raw("tpu-v7", 8, zones=["us-central1-c"]),
-            "accelerator.count = 8: a tpu-v7 slice of 8 chips spans 2 VMs (4 chips each), and a stack serves one"
-            " host per slice; allowed: at most 4",
+            "count 8 is not a valid tpu-v7 host size (a slice of 8 chips spans 2 VMs of 4 chips each); allowed: 4",
         ),
         (
             spec_raw("tpu-v6e", 4, weights_disk={"type": "pd-balanced"}),

@@ -667,22 +667,37 @@ def haproxy_seconds(value: str) -> float:
     return int(number) * {"us": 1e-6, "ms": 1e-3, None: 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
 
 
-def test_the_balancer_waits_as_long_as_haproxy_lets_a_stream_run():
+@pytest.mark.parametrize("stream_timeout", [None, 7200])
+def test_the_balancer_and_haproxy_take_one_stream_timeout(stream_timeout):
     # A stream HAProxy still serves must not be cut by the load balancer in front of it: the backend
     # service's timeout is the whole response time on a regional internal Application Load Balancer
-    # (https://cloud.google.com/load-balancing/docs/l7-internal#timeouts_and_retries).
+    # (https://cloud.google.com/load-balancing/docs/l7-internal#timeouts_and_retries). Both come from
+    # serving.stream_timeout: the HAProxy config is rendered from the plan of the very config the program ran.
+    from gemmaserve.sources import spec_from_config
+    from roles.router import Settings as RouterSettings
+    from roles.router import haproxy_config
+
+    config = with_cloud("gpu8", hosts=2)
+    if stream_timeout:
+        config["gemmaserve:serving"] = {**config.get("gemmaserve:serving", {}), "stream_timeout": stream_timeout}
+    run = run_program("gpu8", config)
+    backend = run.one("gcp:compute/regionBackendService:RegionBackendService").inputs
+    ours = {k.removeprefix("gemmaserve:"): v for k, v in config.items() if k.startswith("gemmaserve:")}
+    haproxy = haproxy_config(plan(spec_from_config(ours)).require_ok(), RouterSettings())
+    defaults = haproxy.split("\ndefaults")[1].split("\n\n")[0]
+    timeouts = dict(re.findall(r"^\s*timeout (client|server) (\S+)$", defaults, re.M))
+    assert backend["timeoutSec"] == (stream_timeout or 3600)
+    assert {k: haproxy_seconds(v) for k, v in timeouts.items()} == {"client": backend["timeoutSec"]} | {
+        "server": backend["timeoutSec"]
+    }
+
+
+def test_the_former_haproxy_stream_timeout_setting_is_refused_naming_the_spec_field():
     from roles.router import Settings as RouterSettings
 
-    run = run_program("gpu8", with_cloud("gpu8", hosts=2))
-    backend = run.one("gcp:compute/regionBackendService:RegionBackendService").inputs
-    assert backend["timeoutSec"] == haproxy_seconds(RouterSettings().stream_timeout)
-
-
-def test_the_balancer_timeout_follows_the_spec_stream_timeout():
-    config = with_cloud("gpu8", hosts=2)
-    config["gemmaserve:serving"] = {**config.get("gemmaserve:serving", {}), "stream_timeout": 7200}
-    run = run_program("gpu8", config)
-    assert run.one("gcp:compute/regionBackendService:RegionBackendService").inputs["timeoutSec"] == 7200
+    with pytest.raises(SpecError) as caught:
+        RouterSettings.from_data({"router_stream_timeout": "2h"}, "h1")
+    assert "serving.stream_timeout" in caught.value.problems[0]
 
 
 # Third-generation and later machine series (A3, A4, G4) take gVNIC, not VirtIO-Net

@@ -501,7 +501,9 @@ def test_hub_adapters_are_fetched_or_refused_by_where_replicas_get_them(tmp_path
     assert pinned.ok and f"sql={snapshot}" in pinned.replicas[0].argv
     assert pinned.weights.hub_adapters == (("my-org/gemma4-sql-lora", commit),)
     # A container has no such download: refused, naming the engine.
-    boxed = planned({"name": "sql", "source": "my-org/gemma4-sql-lora", "revision": commit}, engine={"kind": "container"})
+    boxed = planned(
+        {"name": "sql", "source": "my-org/gemma4-sql-lora", "revision": commit}, engine={"kind": "container"}
+    )
     assert not boxed.ok and "serving.lora_adapters[0].revision" in boxed.refusals[0]
     assert "engine.kind is container" in boxed.refusals[0] and snapshot in boxed.refusals[0]
     # Offline replicas (a model directory) cannot download it.

@@ -104,7 +104,6 @@ SETTINGS = [
     ("vllm_uv_version", "0.13.9' && id #", "0.13.10"),
     ("vllm_image_archive", "images/vllm.tar", "/var/lib/gemmaserve/vllm.oci.tar"),
     ("router_bind", "0.0.0.0\n", "10.0.0.5"),
-    ("router_stream_timeout", "1h\n", "2h"),
 ]
 
 
