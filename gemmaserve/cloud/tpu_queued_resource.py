@@ -15,7 +15,9 @@ document) and runs the lifecycle an SRE expects:
   flex-start slice within `recycle_before_seconds` of its end, is an update that re-queues it; labels,
   tags and metadata are patched on the node; queue settings and zone order are stored; only a change
   to the shape of a slice that holds capacity replaces it;
-- delete fails loudly unless the request is really gone, and waits until it and its node are;
+- delete fails loudly unless the request is really gone, and waits until it and its node are, and so
+  are this resource's requests in the other zones of its chain (an interrupted re-queue leaves one there
+  that the state does not name); a zone it cannot read fails the delete;
 - with `data_disk`, the node's data disk (weights, image, caches) is made in the zone just before the
   request there and deleted with the request, or as soon as that zone refused it; one an interrupted
   run left in a zone without a request is deleted by the next create or re-queue.
@@ -533,14 +535,9 @@ class QueuedResourceProvider(ResourceProvider):
         Returns the adopted request's outputs, or None and where in the chain to start queueing: after
         a leftover that FAILED (that candidate was just tried), else at the top.
         """
-        found: list[tuple[str, dict]] = []
-        for zone in dict.fromkeys(c.zone for c in candidates(props)):
-            try:
-                found.append((zone, api.get_queued_resource(queued_resource_name(props, zone))))
-            except ApiError as error:
-                if error.status != "NOT_FOUND":
-                    raise
-                self._drop_leftover_disk(api, props, zone)
+        found, unreadable = self._requests_in_chain(api, props)
+        if unreadable:
+            raise next(iter(unreadable.values()))
         live = [(zone, q) for zone, q in found if state_of(q) not in DEAD]
         start, chain = 0, candidates(props)
         for zone, q in found:
@@ -565,6 +562,40 @@ class QueuedResourceProvider(ResourceProvider):
         self._say(f"{props['queued_resource_id']}: adopting the existing {state_of(existing)} request in {zone}")
         observation = self._wait(api, queued_resource_name(props, zone), self.clock() + self._create_wait(props))
         return self._outs(api, props, Candidate(zone, self._provisioning_of(existing)), observation, []), 0
+
+    def _requests_in_chain(
+        self, api: TpuApi, props: dict[str, Any]
+    ) -> tuple[list[tuple[str, dict]], dict[str, Exception]]:
+        """This resource's requests in the zones of its chain (where create and a re-queue ask), and the zones
+        that could not be read, with why. A zone that holds none loses a leftover data disk.
+
+        Read by name, so only this queued-resource id is ever found; one of that name whose node is not the
+        node this resource makes (made by hand, or by another program) is named and left alone.
+        """
+        found: list[tuple[str, dict]] = []
+        unreadable: dict[str, Exception] = {}
+        for zone in dict.fromkeys(c.zone for c in candidates(props)):
+            try:
+                queued = api.get_queued_resource(queued_resource_name(props, zone))
+            except ApiError as error:
+                if error.status != "NOT_FOUND":
+                    unreadable[zone] = error
+                    continue
+                self._drop_leftover_disk(api, props, zone)
+                continue
+            except Exception as error:  # noqa: BLE001 - a transport error: what the zone holds is unknown
+                unreadable[zone] = error
+                continue
+            specs = (queued.get("tpu") or {}).get("nodeSpec") or [{}]
+            if [s.get("nodeId") for s in specs] != [props["node_id"]]:
+                self._say(
+                    f"{props['queued_resource_id']}: the request of this name in {zone} is for node(s) "
+                    f"{', '.join(str(s.get('nodeId')) for s in specs)}, not {props['node_id']}: not this "
+                    "resource's, leaving it alone"
+                )
+                continue
+            found.append((zone, queued))
+        return found, unreadable
 
     @staticmethod
     def _provisioning_of(queued_resource: dict) -> str:
@@ -771,7 +802,7 @@ class QueuedResourceProvider(ResourceProvider):
                 internal = endpoints[0].get("ipAddress")
                 external = (endpoints[0].get("accessConfig") or {}).get("externalIp") or None
                 # One entry per TPU VM of the slice: every worker, so a slice of several VMs is never
-                # mistaken for its first host (the stack config refuses those: config.TPU_CHIPS_PER_VM).
+                # mistaken for its first host (the spec refuses those: AcceleratorSpec, max_devices_per_host).
                 workers = [e["ipAddress"] for e in endpoints if e.get("ipAddress")]
                 if len(workers) > 1:
                     self._say(f"{props['node_id']}: {len(workers)} workers ({', '.join(workers)}), not one host")
@@ -856,9 +887,32 @@ class QueuedResourceProvider(ResourceProvider):
     # --- delete -----------------------------------------------------------------------------------
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
+        """Delete the request the state names, then any other of this resource's in the zones of its chain.
+
+        An `up` killed in a re-queue after Google accepted the create leaves a request in another zone that
+        the state does not name; a destroy that then deleted only the named one would leave it queued, and
+        billing once it is ACTIVE. A zone that cannot be read fails the delete (naming it): only a destroy
+        that can tell nothing is left returns, and the engine keeps the resource in the state for a retry.
+        """
+        api = self._api()
         zone = props.get("zone") or props["zones"][0]
         name = props.get("queued_resource_name") or queued_resource_name(props, zone)
-        self._delete_and_wait(self._api(), name, props.get("node_name") or node_name(props, zone), props)
+        self._delete_and_wait(api, name, props.get("node_name") or node_name(props, zone), props)
+        found, unreadable = self._requests_in_chain(api, props)
+        for other, queued in found:
+            self._say(
+                f"{props['queued_resource_id']}: deleting the {state_of(queued)} request in {other} too "
+                f"(the state names {zone}: an interrupted run left it)"
+            )
+            self._delete_and_wait(api, queued_resource_name(props, other), node_name(props, other), props)
+        if unreadable:
+            why = "; ".join(f"{z}: {error!r}" for z, error in unreadable.items())
+            raise QueuedResourceFailed(
+                props["queued_resource_id"],
+                UNKNOWN,
+                f"could not read {', '.join(unreadable)} ({why}), where a request of this resource may be left: "
+                "run the destroy again",
+            )
 
     def _delete_and_wait(self, api: TpuApi, name: str, node: str, props: dict[str, Any]) -> None:
         """Delete the request (force: its node goes with it) and return only once both are gone."""

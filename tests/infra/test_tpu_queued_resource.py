@@ -564,7 +564,8 @@ def test_delete_that_never_finishes_fails_with_the_state():
 def test_delete_of_a_request_already_gone_succeeds():
     fake = FakeTpu()
     provider(fake).delete(QR_ID, props(zone=ZONES[0]))
-    assert [c[0] for c in fake.calls] == ["delete"]
+    # Then a read of every zone of the chain: nothing of this resource is left in any of them.
+    assert fake.calls == [("delete", qr_name(ZONES[0]), True)] + [("get", qr_name(zone)) for zone in ZONES]
 
 
 def test_module_import_does_not_load_the_google_client():
@@ -701,6 +702,79 @@ def test_a_requeue_adopts_a_request_an_interrupted_update_left_in_another_zone()
     state = up(provider(fake), state, p)
     assert state["zone"] == ZONES[2]
     assert_only_tracked_requests_live(fake, state)
+
+
+class Killed(BaseException):
+    """`pulumi up` killed mid-step (SIGKILL): nothing in the provider catches it, the engine records nothing."""
+
+
+def killed_in_a_requeue(fake: FakeTpu, p: dict) -> dict:
+    """An ACTIVE slice in zone 1 is preempted; the `up` that re-queues it is killed right after Google accepted
+    the create in zone 2: returns the state Pulumi kept, which still names zone 1."""
+    state = active(fake, p).outs
+    fake.preempt(qr_name(ZONES[0]))
+    fake.zones[ZONES[0]] = Zone(refuse_create=recorded_error("error_resource_exhausted", ZONES[0]))
+    fake.zones[ZONES[1]] = Zone(capacity_at=fake.clock() + 3 * HOUR, raise_after_accept=Killed("SIGKILL"))
+    with pytest.raises(Killed):
+        provider(fake).update(QR_ID, state, p)
+    assert [(r.zone, r.state) for r in fake.live()] == [(ZONES[1], "WAITING_FOR_RESOURCES")]
+    assert state["zone"] == ZONES[0]
+    return state
+
+
+def test_a_destroy_after_an_up_killed_in_a_requeue_deletes_the_request_it_left_in_another_zone():
+    """`pulumi destroy` with no `up` between: the state names the dead zone-1 request, Google holds a queued
+    one in zone 2 (issue 25 finding 2(c)). Destroy leaves nothing billing, its data disk included."""
+    fake, messages = FakeTpu(), []
+    state = killed_in_a_requeue(fake, props(data_disk=DATA_DISK))
+    provider(fake, messages).delete(QR_ID, state)
+    assert fake.live() == [] and fake.disks == {}
+    assert any(ZONES[1] in m and "WAITING_FOR_RESOURCES" in m for m in messages), messages
+
+
+def test_a_destroy_leaves_another_stacks_request_in_a_neighbour_zone_alone():
+    fake = FakeTpu()
+    state = active(fake).outs
+    other = props(queued_resource_id="gs-tpu-v6e1-tpu-qr", node_id="gs-tpu-v6e1-tpu-qr-node")
+    fake.create_queued_resource(
+        f"projects/{PROJECT}/locations/{ZONES[1]}", other["queued_resource_id"], build_request(other, ZONES[1])
+    )
+    provider(fake).delete(QR_ID, state)
+    assert [r.name for r in fake.live()] == [
+        f"projects/{PROJECT}/locations/{ZONES[1]}/queuedResources/gs-tpu-v6e1-tpu-qr"
+    ]
+
+
+def test_a_destroy_leaves_a_request_of_this_name_for_another_node_alone():
+    """Same queued-resource id, another node: not what this resource would have made (a hand-made request,
+    another program's): destroy says so and leaves it."""
+    fake, messages = FakeTpu(), []
+    state = active(fake).outs
+    stranger = build_request(props(node_id="someone-elses-node"), ZONES[2])
+    fake.create_queued_resource(f"projects/{PROJECT}/locations/{ZONES[2]}", QR_ID, stranger)
+    provider(fake, messages).delete(QR_ID, state)
+    assert [r.name for r in fake.live()] == [qr_name(ZONES[2])]
+    assert any("someone-elses-node" in m and ZONES[2] in m for m in messages), messages
+
+
+def test_a_destroy_that_cannot_read_a_zone_of_the_chain_fails_naming_it_and_a_retry_finishes():
+    fake = FakeTpu()
+    state = killed_in_a_requeue(fake, props())
+    read = fake.get_queued_resource
+
+    def unreadable_last_zone(name: str) -> dict:
+        if f"/locations/{ZONES[2]}/" in name:
+            raise ApiError(503, "UNAVAILABLE", "The service is currently unavailable.")
+        return read(name)
+
+    fake.get_queued_resource = unreadable_last_zone
+    with pytest.raises(QueuedResourceFailed, match=ZONES[2]):
+        provider(fake).delete(QR_ID, state)
+    # What could be proven gone is gone; the engine keeps the resource in the state for the next destroy.
+    assert fake.live() == []
+    fake.get_queued_resource = read
+    provider(fake).delete(QR_ID, state)
+    assert fake.live() == []
 
 
 # --- create refusals are classified from the error's details ---------------------------------------

@@ -32,7 +32,7 @@ from tests.infra.test_tpu_queued_resource import (
     provider,
     qr_name,
 )
-from tests.ops.fake_stack import FakeCompute, FakeStack, UpKilled, read_only
+from tests.ops.fake_stack import FakeCompute, FakeStack, UpKilled, program_vm, read_only
 
 
 class World:
@@ -175,12 +175,14 @@ def test_watch_refreshes_hosts_when_a_waiting_request_becomes_active():
 
 def test_watch_starts_a_preempted_spot_vm_through_the_stack():
     world = World()
-    world.stack.add_vm("gs-a100-gpu-0", "us-central1-a", provisioning="SPOT")
-    world.compute.instances[(PROJECT, "us-central1-a", "gs-a100-gpu-0")]["status"] = "TERMINATED"
+    name, inputs = program_vm("a100")
+    world.stack.add_vm(name, inputs)
+    world.compute.instances[(PROJECT, "us-central1-a", name)]["status"] = "TERMINATED"
     (row,) = world.survey()
     assert (row.kind, row.provisioning, row.next) == ("vm", "spot", "start: the VM is TERMINATED")
     result = world.once()
     assert result.ran_up and result.rows[0].state == "RUNNING"
+    assert world.compute.creations == {(PROJECT, "us-central1-a", name): 1} and not world.stack.replacements
 
 
 def test_a_failed_up_is_reported_and_retried_next_pass():
@@ -224,11 +226,10 @@ def test_watch_creates_a_request_a_failed_up_left_out_of_the_state():
 
 # --- watch through faults: many passes, never an orphan, never a replacement -----------------------
 
-LIVE_VM = "gs-soak-gpu-0"
-
 
 class Soak:
-    """One stack (a spot TPU slice with its data disk, and a spot GPU VM) watched for `passes` passes while a seeded RNG breaks
+    """One stack (a spot TPU slice with its data disk, and the a100 stack's spot GPU VM as the program declares
+    it, `vm`) watched for `passes` passes while a seeded RNG breaks
     things between them: the faults of issue 25's review (creates accepted and then failing for the caller,
     transport errors on create, get and delete, a re-queue whose create fails after acceptance, preemption,
     queues expiring, SERVICE_DISABLED, quota and capacity RESOURCE_EXHAUSTED), then a calm tail in which
@@ -253,7 +254,14 @@ class Soak:
         "up killed after a create was accepted": 2,
     }
 
-    def __init__(self, seed: int, passes: int = 100, calm: int = 12, interval: float = 600):
+    def __init__(
+        self,
+        seed: int,
+        passes: int = 100,
+        calm: int = 12,
+        interval: float = 600,
+        vm: tuple[str, dict] | None = None,
+    ):
         self.rng = random.Random(seed)
         self.passes, self.calm, self.interval = passes, calm, interval
         self.world = World(
@@ -264,7 +272,9 @@ class Soak:
         for zone in ZONES:
             capacity_now(self.world, zone, at=self.world.clock() + self.rng.choice([0, HOUR, 3 * HOUR]))
         self.world.stack.create_queued_resource(self.world.props)
-        self.world.stack.add_vm(LIVE_VM, "us-central1-a")
+        self.vm_name, vm_inputs = vm or program_vm("a100")
+        self.world.stack.add_vm(self.vm_name, vm_inputs)
+        self.vm_key = (PROJECT, vm_inputs["zone"], self.vm_name)
         self.done = 0
         self.injected: list[str] = []
         # Kills not yet gone off; while one that did is not settled by a successful `up`, the request it may
@@ -382,7 +392,7 @@ class Soak:
                     # A spot slice is taken back when its zone runs short: capacity returns there later.
                     tpu.zone(record.zone).capacity_at = self.world.clock() + rng.choice([600, HOUR, 4 * HOUR])
         elif fault == "VM preempted":
-            self.world.compute.instances[(PROJECT, "us-central1-a", LIVE_VM)]["status"] = "TERMINATED"
+            self.world.compute.instances[self.vm_key]["status"] = "TERMINATED"
         elif fault == "capacity leaves a zone":
             tpu.zone(rng.choice(ZONES)).capacity_at = None
         elif fault == "capacity comes to a zone":
@@ -425,6 +435,19 @@ class Soak:
 
 
 SEEDS = [1, 2, 3, 4, 5]
+
+
+def test_the_soak_fails_when_the_vm_leaves_out_the_local_ssds_google_attaches(monkeypatch):
+    """The soak's "no RUNNING VM replaced" can fail: the a100 VM (a2-ultragpu-1g, one bundled Local SSD) with
+    the program's declared scratch disks removed (infra/gpu_vm.py BUNDLED_LOCAL_SSDS emptied, issue 25
+    finding 1 undone) is read back with its Local SSD, diffed as a replacement, and deleted by the first `up`."""
+    import gpu_vm  # the module the program imports: tests.infra.conftest puts infra/ on sys.path, as Pulumi runs it
+
+    monkeypatch.setattr(gpu_vm, "BUNDLED_LOCAL_SSDS", {})
+    name, inputs = program_vm("a100")
+    assert inputs.get("scratchDisks") in (None, [])
+    with pytest.raises(AssertionError, match="replaced|scratchDisks"):
+        Soak(1, vm=(name, inputs)).run()
 
 
 def slice_zone(soak: Soak) -> str:
