@@ -110,7 +110,7 @@ class ModelInfo:
 #   26B-A4B: metadata.total_size 51,611,872,412 (google/gemma-4-26B-A4B-it; a public write-up sums the
 #     two shard headers at revision 4d7ae49 to the same bytes) = 2 x 25,805,936,206 BF16 parameters.
 #     An A100 user's vLLM 0.19 log (https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/) has "Model loading took 48.5 GiB" (48.07 GiB of
-#     checkpoint plus buffers vLLM allocates while loading; RUNTIME_BASE_GIB counts those).
+#     checkpoint plus buffers vLLM allocates while loading: kv_cache.gpu_profile loaded_extra counts those).
 #   E2B, E4B: single-file checkpoints (model.safetensors, no index, so no metadata.total_size is
 #     published). Bytes are 2 x the Hub API's BF16 parameter counts, 5,123,178,051 and 7,996,156,490:
 #     10,246,356,102 and 15,992,312,980. E4B's file is quoted at 15,992,595,884 bytes (the tensors plus
@@ -303,6 +303,9 @@ class Accelerator:
     default_max_num_seqs: int = 256
     # NVIDIA compute capability as major*10+minor (vLLM's get_min_capability scale), None elsewhere.
     compute_capability: int | None = None
+    # Streaming multiprocessors (AMD: compute units): vLLM's Triton top-k/top-p sampler keeps one fp32
+    # vocabulary row per SM, at most (gemmaserve.kv_cache.gpu_profile).
+    multiprocessors: int = 0
 
     @property
     def is_tpu(self) -> bool:
@@ -357,9 +360,12 @@ def _a2(prefix: str, counts: tuple[int, ...]) -> tuple[GcpMachineType, ...]:
 #   v2-alpha-tpuv5-lite for v5e, the tpu7x Ironwood runtime) and https://dev.to/gde/debugging-deployments-with-gemma-2b-tpu-v6e-4-mcp-and-antigravity-cli-539h (v6e-4, TP = chip count).
 # - Compute capability: https://developer.nvidia.com/cuda-gpus (A100 8.0, L4 8.9, H100/H200 9.0, B200 10.0,
 #   RTX PRO 6000 Blackwell Server Edition 12.0); it decides which quantized kernels vLLM can run.
+# - Multiprocessors: NVIDIA's architecture whitepapers (A100 108 SMs, H100 SXM5 and H200 132, B200 148, L4 58,
+#   RTX PRO 6000 Blackwell 188) and AMD's Instinct data sheets (MI300X/MI325X 304 CUs, MI355X 256).
 ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
         name="a100-40gb",
+        multiprocessors=108,
         vendor="nvidia",
         compute_capability=80,
         memory_gib=39.39,
@@ -369,6 +375,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     ),
     Accelerator(
         name="a100-80gb",
+        multiprocessors=108,
         vendor="nvidia",
         compute_capability=80,
         memory_gib=79.25,
@@ -378,6 +385,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     ),
     Accelerator(
         name="h100-80gb",
+        multiprocessors=132,
         vendor="nvidia",
         compute_capability=90,
         memory_gib=79.19,
@@ -389,6 +397,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     ),
     Accelerator(
         name="h200",
+        multiprocessors=132,
         vendor="nvidia",
         compute_capability=90,
         memory_gib=139.81,
@@ -400,6 +409,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     ),
     Accelerator(
         name="b200",
+        multiprocessors=148,
         vendor="nvidia",
         compute_capability=100,
         memory_gib=178.35,
@@ -411,6 +421,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     ),
     Accelerator(
         name="rtx-pro-6000",
+        multiprocessors=188,
         vendor="nvidia",
         compute_capability=120,
         memory_gib=94.97,
@@ -424,6 +435,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     ),
     Accelerator(
         name="l4",
+        multiprocessors=58,
         vendor="nvidia",
         compute_capability=89,
         memory_gib=22.05,
@@ -433,6 +445,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     ),
     Accelerator(
         name="mi300x",
+        multiprocessors=304,
         vendor="amd",
         memory_gib=191.98,
         interconnect="xgmi",
@@ -442,6 +455,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     ),
     Accelerator(
         name="mi325x",
+        multiprocessors=304,
         vendor="amd",
         memory_gib=255.98,
         interconnect="xgmi",
@@ -451,6 +465,7 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     ),
     Accelerator(
         name="mi355x",
+        multiprocessors=256,
         vendor="amd",
         memory_gib=287.98,
         interconnect="xgmi",

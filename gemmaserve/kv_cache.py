@@ -40,20 +40,16 @@ DEFAULT_BLOCK_SIZE = {"nvidia": 16, "amd": 16, "google": 16, "cpu": 128}
 # Bytes per element of the KV cache for each --kv-cache-dtype.
 KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
-# Memory a GPU replica uses per device besides weights and KV cache at vLLM's profile peak.
-# RUNTIME_BASE_GIB is the CUDA context, allocator slack, buffers vLLM allocates while loading (rotary
-# caches, ...) and non-torch memory; the rest scales with max_num_batched_tokens (activations) and
-# max_num_seqs (fp32 logits in the sampler). Calibrated on one real log (an A100 user's vLLM 0.19,
-# https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/: one A100 80GB, gemma-4-26B-A4B, --enforce-eager,
-# utilization 0.9): 79.25 x 0.9 - 21.5 GiB KV ("Available KV cache memory") - 48.07 GiB checkpoint =
-# 1.76 GiB at max_num_batched_tokens 2048, max_num_seqs 256.
-RUNTIME_BASE_GIB = 1.42
-ACTIVATION_BUFFERS = 8  # live [tokens x hidden] bf16 buffers at the profile run's peak
-# CUDA-graph memory vLLM measures and takes out of the KV budget (since 0.20.0, unless --enforce-eager).
-# It is measured on the GPU at startup; public Gemma 4 logs print 0.27 GiB ("Estimated CUDA graph memory",
-# vllm-project/vllm#41789, 31B with max-num-seqs 32) and other models 0.36-0.58 GiB at default capture
-# sizes. An estimate, not a measurement of our plans.
-CUDAGRAPH_GIB = 0.5
+# Memory vLLM's GPU worker takes out of total x gpu_memory_utilization besides the checkpoint (gpu_profile). Two
+# terms are measurements the source does not determine, so the plan carries them as visible margins:
+# - non-torch growth during the profile run (lazily loaded kernels, cuBLAS/NCCL buffers): public logs print 0.25 GiB
+#   ("0.25 GiB for non-torch memory", 31B on one B300, vLLM 0.26.0) and imply 0.14-0.3 GiB on one A100 and on four
+#   L4 at TP4 (docs/capacity.md);
+# - the CUDA-graph estimate (0.20.0 on, unless --enforce-eager): a real capture before the KV cache exists
+#   (gpu_model_runner.py profile_cudagraph_memory). Public Gemma 4 logs print 0.76 GiB for 102 graphs (B300), 0.13 GiB
+#   for 13 and 0.27 GiB for about 30 (vllm-project/vllm#41789): 7.5-10 MiB a graph, so 10 MiB per captured graph.
+NON_TORCH_MARGIN_GIB = 0.3
+CUDAGRAPH_MIB_PER_GRAPH = 10
 
 
 def cdiv(a: int, b: int) -> int:
@@ -281,8 +277,116 @@ def kv_capacity(
     )
 
 
-def runtime_overhead_gib(model: ModelInfo, max_num_batched_tokens: int, max_num_seqs: int) -> float:
-    """Non-weight, non-KV memory per GPU at vLLM's profile peak, without CUDA graphs (see RUNTIME_BASE_GIB)."""
-    activations = ACTIVATION_BUFFERS * max_num_batched_tokens * model.hidden_size * 2
-    logits = max_num_seqs * model.vocab_size * 4
-    return RUNTIME_BASE_GIB + (activations + logits) / GiB
+# --- Memory besides the KV cache on a GPU, as vLLM's worker measures it ---------------------------------------
+
+# Gemma 4's RoPE: one cos/sin cache per attention kind, [max_position_embeddings, head_dim] in the model dtype,
+# replicated on every rank (rotary_embedding/base.py, gemma4_rope.py forces rotary_dim = head_size, v0.32.0).
+# The sampler's V1 warm-up holds, over [rows, vocab]: the bf16 logits, their fp32 copy, the probabilities and the
+# exponential noise of random_sample (v1/sample/sampler.py, ops/topk_topp_sampler.py at v0.19.1 to v0.32.0): 14
+# bytes a logit; the V2 runner's warm-up skips the fp32 path (gpu/sample/sampler.py): the soft-capped bf16 logits
+# and their copy, 4 bytes a logit from 0.29.0, 6 (an fp32 copy) from 0.25.0 to 0.28.0.
+V1_SAMPLER_BYTES = 14
+V2_SAMPLER_BYTES = {True: 4, False: 6}  # release has its measured V2 CUDA-graph estimate (0.29.0 on) -> bytes
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """What vLLM takes per GPU rank before the KV cache, besides the checkpoint's own bytes (GiB). The first three
+    follow from vLLM's source; the margins stand for what only the hardware measures."""
+
+    loaded_extra: float  # built while loading, in "Model loading took": RoPE caches, the V copies of K=V layers
+    activations: float  # the profile run's torch peak over its start: max(forward, sampler warm-up)
+    persistent: float  # runner buffers made after loading, counted since 0.27.0 (V2 sampler penalty state)
+    non_torch_margin: float
+    cudagraph_margin: float
+    cudagraphs: int  # graphs the release captures (0: eager, or no estimate taken out)
+
+    @property
+    def derived(self) -> float:
+        return self.loaded_extra + self.activations + self.persistent
+
+    @property
+    def margin(self) -> float:
+        return self.non_torch_margin + self.cudagraph_margin
+
+    @property
+    def total(self) -> float:
+        return self.derived + self.margin
+
+
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, speculative_tokens: int = 0) -> list[int]:
+    """vLLM's default capture sizes (config/vllm.py _set_cudagraph_sizes, v0.19.1 to v0.32.0): 1, 2, 4, every 8 below
+    256, every 16 from 256, up to min(2 x max_num_seqs x (1 + speculative tokens), 512, max_num_batched_tokens)."""
+    top = min(max_num_seqs * (1 + speculative_tokens) * 2, 512, max_num_batched_tokens)
+    sizes = [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top + 1, 256), 8)) + list(range(256, top + 1, 16))
+    return sizes
+
+
+def cudagraph_count(max_num_seqs: int, max_num_batched_tokens: int, speculative_tokens: int = 0) -> int:
+    """Graphs FULL_AND_PIECEWISE (the default mode) captures: a piecewise graph per size, and a full decode graph
+    per size up to max_num_seqs x (1 + speculative tokens) (v1/cudagraph_dispatcher.py)."""
+    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, speculative_tokens)
+    return len(sizes) + sum(1 for s in sizes if s <= max_num_seqs * (1 + speculative_tokens))
+
+
+def gpu_profile(
+    model: ModelInfo,
+    tensor_parallel_size: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    multiprocessors: int,
+    release: VllmRelease,
+    cudagraphs_counted: bool,
+    speculative_tokens: int = 0,
+) -> GpuProfile:
+    """vLLM's non-KV memory per rank beyond the checkpoint (gpu_worker.determine_available_memory).
+
+    The profile run (gpu_model_runner.profile_run) runs the model on max_num_batched_tokens tokens, then the
+    sampler's warm-up on min(tokens, max_num_seqs) rows of the full vocabulary (gathered on every TP rank); its
+    torch peak is the larger of the two. Gemma 4's forward holds the MLP's [T, 2I/TP] and [T, I/TP] beside the
+    residual; 26B-A4B's fused-MoE workspace (experts/triton_moe.py workspace_shapes: two [T x top-k, hidden]
+    buffers, hidden being wider than 2 x moe_intermediate) stays allocated into the sampler phase; E2B/E4B carry
+    [T, layers x 256] per-layer inputs.
+    """
+    tp, tokens, vocab, hidden = tensor_parallel_size, max_num_batched_tokens, model.vocab_size, model.hidden_size
+    rows = min(tokens, max_num_seqs)
+    rope = sum(model.max_context * model.shape(kind).head_dim * 2 for kind in set(model.layer_kinds))
+    full_layers = sum(1 for kind in model.layer_kinds if kind == "full")
+    k_eq_v = (
+        full_layers * max(1, model.full.kv_heads // tp) * model.full.head_dim * hidden * 2
+        if model.attention_k_eq_v
+        else 0
+    )
+    moe = model.num_experts is not None
+    workspace = 2 * tokens * (model.experts_per_token or 0) * hidden * 2 if moe else 0
+    # E2B's KV-shared layers have a double-width MLP (use_double_wide_mlp).
+    width = (model.intermediate_size or 0) * (2 if model.double_wide_mlp else 1)
+    mlp = 2 * tokens * (hidden + 3 * width // tp)
+    # E2B/E4B: [T, layers x 256] per-layer inputs, twice while projected; a [T, layers, 256] buffer is made at load
+    # (gemma4_mm.py per_layer_embeddings), so it is in "Model loading took".
+    per_layer_buffer = tokens * model.num_layers * model.per_layer_input_size * 2
+    per_layer = 2 * per_layer_buffer
+    forward = mlp + per_layer + workspace
+    v2 = release.v2_runner(moe)
+    if v2:
+        sampler = V2_SAMPLER_BYTES[release.has("v2_runner_cudagraph_estimate")] * rows * vocab
+    else:
+        # ops/triton_topk_topp.py keeps one fp32 vocabulary row per SM, at most, for its top-k/top-p kernel.
+        triton_rows = min(1 << (min(multiprocessors, rows) - 1).bit_length(), multiprocessors) if rows >= 8 else 0
+        sampler = V1_SAMPLER_BYTES * rows * vocab + 4 * triton_rows * vocab + (12 * rows * vocab if rows < 8 else 0)
+    sampler_phase = sampler + workspace + tokens * hidden * 2
+    # V2's penalty state (gpu/sample/penalties.py): [max_num_seqs, vocab] int32 counts and a [max_num_seqs, vocab/32]
+    # mask, made after loading; the free-memory accounting of 0.27.0 on counts it.
+    persistent = max_num_seqs * vocab * 4 * 33 // 32 if v2 and release.consumed_memory_counted else 0
+    # The V2 runner of 0.25.0 to 0.28.0 returns 0 for its CUDA-graph estimate (gpu/model_runner.py).
+    graphs = cudagraph_count(max_num_seqs, tokens, speculative_tokens) if cudagraphs_counted else 0
+    if v2 and not release.has("v2_runner_cudagraph_estimate"):
+        graphs = 0
+    return GpuProfile(
+        loaded_extra=(rope + k_eq_v + per_layer_buffer) / GiB,
+        activations=max(forward, sampler_phase) / GiB,
+        persistent=persistent / GiB,
+        non_torch_margin=NON_TORCH_MARGIN_GIB,
+        cudagraph_margin=graphs * CUDAGRAPH_MIB_PER_GRAPH / 1024,
+        cudagraphs=graphs,
+    )

@@ -16,13 +16,13 @@ from gemmaserve import engines
 from gemmaserve.catalog import Accelerator, GiB, ModelInfo
 from gemmaserve.checkpoint import TPU_QUANTIZATION_SOURCE, Adapter, Quantization
 from gemmaserve.kv_cache import (
-    CUDAGRAPH_GIB,
     DEFAULT_BLOCK_SIZE,
     KV_DTYPE_BYTES,
+    GpuProfile,
     KvCapacity,
+    gpu_profile,
     kv_capacity,
     release_kv_layout,
-    runtime_overhead_gib,
     tpu_block_size,
     tpu_kv_layout,
 )
@@ -299,6 +299,9 @@ class Capacity:
     accounting: str = ""
     block_size: int = 0
     max_num_batched_tokens: int = 0
+    # GPU plans from the hardware: what vLLM takes besides the checkpoint and the KV cache (gemmaserve.kv_cache), the
+    # part derived from vLLM's source and the margin for what only the GPU measures.
+    profile: GpuProfile | None = None
     # --max-num-seqs as the engine resolves it: the most requests vLLM runs at once.
     max_num_seqs: int = 0
     # Tokens a prefix-cache hit is a multiple of (gemmaserve.kv_cache.KvLayout.prefix_cache_block): what a
@@ -682,6 +685,7 @@ class Plan:
                     "available_kv_cache_gib": round(r.capacity.available_kv_cache_gib, 2),
                     "num_blocks": r.capacity.num_blocks,
                     "kv_cache_accounting": r.capacity.accounting,
+                    "memory_margin_gib": round(r.capacity.profile.margin, 2) if r.capacity.profile else None,
                 }
                 for r in self.replicas
             ],
@@ -713,6 +717,7 @@ class _Sizing:
     block: int = 0
     max_num_batched_tokens: int = 0
     accounting: str = ""
+    profile: GpuProfile | None = None
 
 
 def _max_num_batched_tokens(spec: Spec) -> int:
@@ -803,6 +808,21 @@ def _weights_gib_per_device(spec: Spec, tp: int) -> float:
     return ((text + assistant) / tp + (tower if vision_on else 0)) / GiB
 
 
+def _gpu_profile(spec: Spec, tp: int, mnbt: int, release: VllmRelease) -> GpuProfile:
+    """What vLLM takes per GPU before the KV cache besides the checkpoint (gemmaserve.kv_cache.gpu_profile)."""
+    acc, wl = spec.accelerator_info, spec.workload
+    return gpu_profile(
+        spec.model_info,
+        tp,
+        mnbt,
+        _engine_max_num_seqs(spec, release),
+        acc.multiprocessors,
+        release,
+        cudagraphs_counted=not wl.enforce_eager and release.cudagraph_memory_counted(acc.vendor),
+        speculative_tokens=wl.speculative.tokens,
+    )
+
+
 def _available_kv_gib(spec: Spec, tp: int, weights_gib: float, mnbt: int, release: VllmRelease) -> float:
     """KV-cache memory per device from the hardware, as the release's worker measures it."""
     model, acc, wl = spec.model_info, spec.accelerator_info, spec.workload
@@ -811,10 +831,7 @@ def _available_kv_gib(spec: Spec, tp: int, weights_gib: float, mnbt: int, releas
     if acc.is_tpu:
         # tpu_worker.determine_available_memory: (HBM limit x utilization - HBM in use) over the chips.
         return acc.memory_gib * wl.gpu_memory_utilization - weights_gib - TPU_RUNTIME_GIB
-    seqs = _engine_max_num_seqs(spec, release)
-    available = acc.memory_gib * wl.gpu_memory_utilization - weights_gib - runtime_overhead_gib(model, mnbt, seqs)
-    if not wl.enforce_eager and release.cudagraph_memory_counted(acc.vendor):
-        available -= CUDAGRAPH_GIB
+    available = acc.memory_gib * wl.gpu_memory_utilization - weights_gib - _gpu_profile(spec, tp, mnbt, release).total
     if spec.serving.lora_adapters:
         # Allocated while the model loads, so part of "Model loading took" and not available to the KV cache.
         available -= (lora_slot_bytes(model, tp, len(spec.adapters), _max_lora_rank(spec.adapters)) or 0) / GiB
@@ -840,8 +857,16 @@ def _size(spec: Spec, tp: int, kv_dtype: str, max_model_len: int, available_kv_g
         pool_bytes = int(available * GiB)
     in_flight = release.in_flight_tokens(mnbt, _uses_async_scheduling(spec))
     capacity = kv_capacity(layout, pool_bytes, max_model_len, in_flight, release)
+    profile = _gpu_profile(spec, tp, mnbt, release) if acc.is_gpu and available_kv_gib is None else None
     sizing = _Sizing(
-        tp, weights, capacity, True, block=block, max_num_batched_tokens=mnbt, accounting=release.accounting
+        tp,
+        weights,
+        capacity,
+        True,
+        block=block,
+        max_num_batched_tokens=mnbt,
+        accounting=release.accounting,
+        profile=profile,
     )
     if available <= 0:
         return replace(
@@ -1429,6 +1454,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
         accounting=chosen.accounting,
         block_size=chosen.block,
         max_num_batched_tokens=chosen.max_num_batched_tokens,
+        profile=chosen.profile,
         max_num_seqs=_engine_max_num_seqs(spec, _release(spec)),
         prefix_cache_block=chosen.capacity.prefix_cache_block,
     )

@@ -29,6 +29,14 @@ The rules, and what each changes in the plan (gemmaserve/kv_cache.py applies the
   backend's smallest kernel block (16 on CUDA and ROCm) whatever --block-size says; page-size
   unification then scales it. Only a non-default --block-size sees the difference (0.30.0 takes the
   requested block again).
+- v2_runner_for_dense / v2_runner_cudagraph_estimate: which model runner profiles Gemma 4 (its sampler
+  warm-up and persistent buffers differ): the V1 runner up to 0.24.0; from 0.25.0 to 0.28.0 the V2 runner
+  for models that are not MoE (E2B, E4B, 31B; 26B-A4B stays on V1), whose CUDA-graph estimate is a
+  hard-coded 0; from 0.29.0 the V2 runner for every Gemma 4, with a measured CUDA-graph estimate (the
+  release that made V2 the default, config/vllm.py use_v2_model_runner, is the one that gave it one).
+- consumed_memory_counted: since 0.27.0 the non-KV memory is everything the process took since its
+  first snapshot (free-memory based) plus the profile run's transient peak, so runner buffers allocated
+  after loading (V2's sampler penalty state) count; before, only weights + torch peak + non-torch growth.
 - gemma4_mtp_shares_kv: Gemma 4's MTP drafter owns no KV cache (all its layers read the target's), and
   with one MTP module vLLM keeps no extra sliding-window tokens (extra_retained_tokens = 0), so MTP
   leaves the accounting unchanged; ngram drafting has no layers at all.
@@ -54,6 +62,9 @@ RULE_TEXT = {
     "cudagraph_on_rocm": "current_platform.is_cuda_alike()",
     "gemma4_mtp_shares_kv": "All assistant decoder layers are",
     "sliding_block_smallest_kernel": "self.attn_backend, sw_per_token, shared_page, block_size",
+    "v2_runner_for_dense": "or not model_config.is_moe",
+    "v2_runner_cudagraph_estimate": "return _profile_cudagraph_memory(self)",
+    "consumed_memory_counted": "result.total_consumed + result.transient_peak_headroom",
 }
 
 # Where each rule lives in the releases that do not cite it (the check that it is absent reads these).
@@ -72,6 +83,9 @@ RULE_FILES = {
     "cudagraph_on_rocm": ("vllm/v1/worker/gpu_worker.py",),
     "gemma4_mtp_shares_kv": ("vllm/model_executor/models/gemma4_mtp.py",),
     "sliding_block_smallest_kernel": ("vllm/model_executor/layers/attention/attention.py",),
+    "v2_runner_for_dense": ("vllm/config/vllm.py",),
+    "v2_runner_cudagraph_estimate": ("vllm/v1/worker/gpu/model_runner.py",),
+    "consumed_memory_counted": ("vllm/utils/mem_utils.py",),
 }
 
 # Release -> rule -> "path:line" in that release's `vllm` wheel.
@@ -154,60 +168,67 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1798",
     },
     "0.25.0": {
-        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:651",
         "cudagraph_estimate_on": "vllm/envs.py:1932",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1195",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2655",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:987",
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:651",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:561",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1798",
+        "v2_runner_for_dense": "vllm/config/vllm.py:573",
     },
     "0.25.1": {
-        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:651",
         "cudagraph_estimate_on": "vllm/envs.py:1932",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1195",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2655",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:987",
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:651",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:561",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1798",
+        "v2_runner_for_dense": "vllm/config/vllm.py:573",
     },
     "0.26.0": {
-        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
         "cudagraph_estimate_on": "vllm/envs.py:1987",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:502",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1224",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2693",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:1005",
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:532",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1829",
+        "v2_runner_for_dense": "vllm/config/vllm.py:621",
     },
     "0.27.0": {
-        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
+        "consumed_memory_counted": "vllm/utils/mem_utils.py:326",
         "cudagraph_estimate_on": "vllm/envs.py:2019",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:514",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1248",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2777",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:1008",
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:560",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1887",
+        "v2_runner_for_dense": "vllm/config/vllm.py:658",
     },
     "0.27.1": {
-        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
+        "consumed_memory_counted": "vllm/utils/mem_utils.py:326",
         "cudagraph_estimate_on": "vllm/envs.py:2019",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:514",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1248",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2777",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:1008",
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:560",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1887",
+        "v2_runner_for_dense": "vllm/config/vllm.py:658",
     },
     "0.28.0": {
-        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:635",
+        "consumed_memory_counted": "vllm/utils/mem_utils.py:326",
         "cudagraph_estimate_on": "vllm/envs.py:2094",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:529",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
@@ -215,11 +236,13 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2582",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2821",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:988",
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:635",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:570",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1858",
+        "v2_runner_for_dense": "vllm/config/vllm.py:712",
     },
     "0.29.0": {
-        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:635",
+        "consumed_memory_counted": "vllm/utils/mem_utils.py:326",
         "cudagraph_estimate_on": "vllm/envs.py:2106",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:567",
         "fit_check_holds_null_block": "vllm/v1/core/kv_cache_utils.py:2320",
@@ -228,10 +251,13 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2698",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2937",
         "num_blocks": "vllm/v1/core/kv_cache_utils.py:1440",
+        "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:635",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:579",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:2021",
+        "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:898",
     },
     "0.30.0": {
+        "consumed_memory_counted": "vllm/utils/mem_utils.py:321",
         "cudagraph_estimate_on": "vllm/envs.py:2110",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:582",
         "fit_check_holds_null_block": "vllm/v1/core/kv_cache_utils.py:2726",
@@ -242,8 +268,10 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "num_blocks": "vllm/v1/core/kv_cache_utils.py:1750",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:609",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:2383",
+        "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:985",
     },
     "0.31.0": {
+        "consumed_memory_counted": "vllm/utils/mem_utils.py:321",
         "cudagraph_estimate_on": "vllm/envs.py:2163",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:635",
         "fit_check_holds_null_block": "vllm/v1/core/kv_cache_utils.py:2784",
@@ -254,8 +282,10 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "num_blocks": "vllm/v1/core/kv_cache_utils.py:1771",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:612",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:2452",
+        "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:1006",
     },
     "0.32.0": {
+        "consumed_memory_counted": "vllm/utils/mem_utils.py:321",
         "cudagraph_estimate_on": "vllm/envs.py:2222",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:702",
         "fit_check_holds_null_block": "vllm/v1/core/kv_cache_utils.py:2631",
@@ -266,8 +296,10 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "num_blocks": "vllm/v1/core/kv_cache_utils.py:1627",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:597",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:2308",
+        "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:1040",
     },
     "0.33.0": {
+        "consumed_memory_counted": "vllm/utils/mem_utils.py:321",
         "cudagraph_estimate_on": "vllm/envs.py:2220",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:709",
         "fit_check_holds_null_block": "vllm/v1/core/kv_cache_planning.py:1538",
@@ -278,6 +310,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "num_blocks": "vllm/v1/core/kv_cache_planning.py:681",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:608",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1128",
+        "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:1073",
     },
 }
 
@@ -400,6 +433,14 @@ class VllmRelease:
     @property
     def large_gpu_batch_defaults(self) -> bool:
         return self.has("large_gpu_batch_defaults")
+
+    def v2_runner(self, moe: bool) -> bool:
+        """Whether Gemma 4 (MoE or not) runs on vLLM's V2 model runner by default."""
+        return self.has("v2_runner_cudagraph_estimate") or (self.has("v2_runner_for_dense") and not moe)
+
+    @property
+    def consumed_memory_counted(self) -> bool:
+        return self.has("consumed_memory_counted")
 
     def cudagraph_memory_counted(self, vendor: str) -> bool:
         """Whether the CUDA-graph estimate comes out of the KV budget on `vendor` (without --enforce-eager)."""

@@ -196,6 +196,8 @@ def _print_plan(result) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from gemmaserve.kv_cache import CUDAGRAPH_MIB_PER_GRAPH
+
     console = Console()
     spec = result.spec
     title = (
@@ -227,6 +229,16 @@ def _print_plan(result) -> None:
             markup=False,
             highlight=False,
         )
+        if p := c.profile:
+            graphs = f", {p.cudagraphs} CUDA graphs x {CUDAGRAPH_MIB_PER_GRAPH} MiB" if p.cudagraphs else ""
+            console.print(
+                f"besides weights and KV cache, per GPU: {p.derived:.2f} GiB from vLLM's source (profile-run peak "
+                f"{p.activations:.2f}, load-time buffers {p.loaded_extra:.2f}, runner state {p.persistent:.2f}) + "
+                f"{p.margin:.2f} GiB margin for what only the GPU measures (non-torch memory "
+                f"{p.non_torch_margin:.2f}{graphs}; docs/capacity.md)",
+                markup=False,
+                highlight=False,
+            )
         console.print("[bold]replica 0 command[/bold] (others differ only in devices and port):")
         devices = [f"{k}={v}" for k, v in first.env.items() if k.endswith("VISIBLE_DEVICES")]
         console.print(" ".join(devices + [shlex.join(first.argv)]), soft_wrap=True, markup=False, highlight=False)

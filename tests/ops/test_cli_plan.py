@@ -41,6 +41,7 @@ REPLICA_KEYS = {
     "env",
     "kv_cache_tokens",
     "max_concurrency",
+    "memory_margin_gib",
     "available_kv_cache_gib",
     "num_blocks",
     "kv_cache_accounting",
@@ -201,3 +202,16 @@ def test_a_timed_plan_call_prints_the_plan_and_its_time(capsys):
     assert set(json.loads(result.stdout)) == JSON_KEYS
     with capsys.disabled():
         print(f"\n[figure] gemmaserve plan --json: {seconds:.2f} s per call")
+
+
+def test_plan_shows_the_margin_for_what_only_the_gpu_measures():
+    """The two terms vLLM's source cannot give are printed as a margin beside the derived ones, and put in the JSON."""
+    result = gemmaserve("plan", "--model", "31b", "--accelerator", "h100-80gb", "--count", "2")
+    text = " ".join(result.stdout.split())
+    assert result.returncode == 0, result.stderr
+    assert "from vLLM's source" in text and "margin for what only the GPU measures" in text
+    assert "102 CUDA graphs x 10 MiB" in text  # 51 capture sizes at 1,024 sequences, piecewise and full
+    data = json.loads(
+        gemmaserve("plan", "--model", "31b", "--accelerator", "h100-80gb", "--count", "2", "--json").stdout
+    )
+    assert data["replicas"][0]["memory_margin_gib"] == round(0.3 + 102 * 10 / 1024, 2)
