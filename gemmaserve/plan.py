@@ -222,6 +222,29 @@ class AdapterWeights:
 
 
 @dataclass(frozen=True)
+class AssistantWeights:
+    """The MTP assistant in the stack's bucket beside the model, at its pinned commit (weights.assistant_revision):
+    `gemmaserve weights mirror` copies it as it copies a model, the weights role pulls it before any replica
+    starts, and --speculative-config names the local copy (replicas serving the bucket run offline)."""
+
+    model_id: str
+    revision: str
+    prefix: str = ""
+
+    @property
+    def object_prefix(self) -> str:
+        return f"{self.prefix}{MIRROR_MODELS}/{self.model_id}/{self.revision}/"
+
+    @property
+    def manifest_object(self) -> str:
+        return f"{self.object_prefix}{MIRROR_MANIFEST}"
+
+    @property
+    def local_dir(self) -> str:
+        return f"{WEIGHTS_DIR}/{self.model_id}/{self.revision}"
+
+
+@dataclass(frozen=True)
 class WeightsPlan:
     """How the host gets the weights: "hub" (vLLM/HF download), "local" (a test model's directory),
     "pull" (one verified copy from the mirror before any replica starts) or "stream" (Run:ai streamer)."""
@@ -236,6 +259,8 @@ class WeightsPlan:
     # With weights from the hub, the pinned hub adapters as (repo id, commit): the weights role downloads each
     # snapshot before the model, with the same client and token (the argv names the snapshot: adapter_path).
     hub_adapters: tuple[tuple[str, str], ...] = ()
+    # With weights from the bucket and MTP: the assistant mirrored beside the model (None: no MTP, or not pinned).
+    assistant: AssistantWeights | None = None
 
     @staticmethod
     def of(spec: Spec) -> WeightsPlan:
@@ -254,7 +279,10 @@ class WeightsPlan:
         adapters = tuple(
             AdapterWeights(a.name, a.source, a.revision, prefix) for a in spec.serving.lora_adapters if a.revision
         )
-        return WeightsPlan(weights.load, model.hf_id, weights.revision, bucket, prefix, adapters)
+        assistant = None
+        if spec.workload.speculative.method == "mtp" and model.mtp_assistant and weights.assistant_revision:
+            assistant = AssistantWeights(model.mtp_assistant, weights.assistant_revision, prefix)
+        return WeightsPlan(weights.load, model.hf_id, weights.revision, bucket, prefix, adapters, assistant=assistant)
 
     def adapter(self, name: str) -> AdapterWeights | None:
         return next((a for a in self.adapters if a.name == name), None)
@@ -1046,6 +1074,11 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
         argv.append("--enable-prefix-caching" if wl.enable_prefix_caching else "--no-enable-prefix-caching")
     if wl.speculative.method == "mtp":
         config = {"method": "mtp", "model": model.mtp_assistant, "num_speculative_tokens": wl.speculative.tokens}
+        if mirrored := weights.assistant:
+            config["model"] = mirrored.local_dir
+        elif spec.weights.assistant_revision:
+            # vLLM downloads the draft model at this revision (vllm/config/speculative.py SpeculativeConfig.revision).
+            config["revision"] = spec.weights.assistant_revision
         argv += ["--speculative-config", _json(config)]
     elif wl.speculative.method == "ngram":
         config = {"method": "ngram", "num_speculative_tokens": wl.speculative.tokens}
@@ -1381,13 +1414,16 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
             "(vllm/config/lora.py MaxLoRARanks, v0.32.0)"
         )
     result.refusals += _adapter_problems(spec, adapters)
-    if spec.workload.speculative.method == "mtp" and spec.weights.source == "bucket":
-        # --speculative-config names the assistant by hub id: vLLM downloads it when it starts, which replicas
-        # serving the mirror cannot (HF_HUB_OFFLINE=1), and the mirror does not copy it.
+    if (
+        spec.workload.speculative.method == "mtp"
+        and spec.weights.source == "bucket"
+        and not spec.weights.assistant_revision
+    ):
+        # Replicas serving the mirror run offline (HF_HUB_OFFLINE=1): the assistant comes from the bucket too, pinned.
         result.refusals.append(
-            f"workload.speculative.method = 'mtp': the MTP assistant {model.mtp_assistant} is downloaded by vLLM "
-            "from the hub, and replicas serving the bucket run offline (HF_HUB_OFFLINE=1; the mirror does not copy "
-            "the assistant yet); allowed: weights from the hub, or ngram, none"
+            f"weights.assistant_revision: none given; with weights from the bucket the MTP assistant "
+            f"{model.mtp_assistant} is mirrored beside the model at a pinned commit (`gemmaserve weights mirror "
+            f"--resolve --model {model.mtp_assistant} --revision main` prints it); allowed: a commit sha (40 hex)"
         )
     if adapters and lora_slot_bytes(model, 1, len(adapters), _max_lora_rank(adapters)) is None:
         result.warnings.append(

@@ -500,6 +500,10 @@ class Weights(Strict):
     source: Literal["hub", "bucket"] = Field("hub", description="hub: each host downloads; bucket: the mirror.")
     bucket: str | None = Field(None, description="gs://BUCKET[/PREFIX], the mirror `gemmaserve weights mirror` fills.")
     revision: str | None = Field(None, description="The model's commit sha (40 hex); required with source bucket.")
+    assistant_revision: str | None = Field(
+        None,
+        description="The MTP assistant's commit sha (40 hex): pinned on the hub; required with source bucket and MTP.",
+    )
     load: Literal["pull", "stream"] = Field(
         "pull", description="pull: one verified local copy before replicas start; stream: vLLM's Run:ai streamer."
     )
@@ -511,7 +515,7 @@ class Weights(Strict):
             raise ValueError("allowed: gs://BUCKET or gs://BUCKET/PREFIX (lowercase bucket name, no dots)")
         return value
 
-    @field_validator("revision")
+    @field_validator("revision", "assistant_revision")
     @classmethod
     def _pinned_revision(cls, value: str | None) -> str | None:
         if value is not None and not _COMMIT.fullmatch(value):

@@ -286,8 +286,8 @@ def weights_mirror(
     ),
     resolve: bool = typer.Option(False, "--resolve", help="Print the commit sha --revision points to, copy nothing."),
 ) -> None:
-    """Copy one pinned model revision, and the stack's LoRA adapters at theirs, into the bucket: resumable,
-    checked against the hub's hashes, idempotent."""
+    """Copy one pinned model revision, and the stack's LoRA adapters and MTP assistant at theirs, into the bucket:
+    resumable, checked against the hub's hashes, idempotent."""
     from gemmaserve.ops import weights as mirror_ops
     from gemmaserve.plan import WeightsPlan
     from gemmaserve.sources import read_stack_config
@@ -310,6 +310,8 @@ def weights_mirror(
         data = {"model": model_name, "accelerator": {"kind": "cpu"}, "weights": spec_weights}
         if adapters := (config.get("serving") or {}).get("lora_adapters"):
             data["serving"] = {"lora_adapters": adapters}
+        if speculative := (config.get("workload") or {}).get("speculative"):
+            data["workload"] = {"speculative": speculative}  # MTP: the assistant is mirrored beside the model
         # The hub checkpoint's and adapters' small files the spec reads (the mirror downloads them anyway).
         _fetch_checkpoint_files({k: v for k, v in data.items() if k != "model"} if source_dir else data)
         parsed = parse_spec(data, "weights mirror")
@@ -320,6 +322,7 @@ def weights_mirror(
     try:
         mirror_ops.mirror(plan, source, progress=typer.echo)
         mirror_ops.mirror_adapters(plan, progress=typer.echo)
+        mirror_ops.mirror_assistant(plan, progress=typer.echo)
     except mirror_ops.MirrorError as error:
         _fail(f"error: {error}", 1)
 

@@ -200,6 +200,34 @@ def mirror(
     )
 
 
+def mirror_assistant(
+    weights: WeightsPlan,
+    source: ModelSource | None = None,
+    client=None,
+    progress: Progress = print,
+    workdir: Path | None = None,
+) -> MirrorReport | None:
+    """Copy the MTP assistant (weights.assistant) at its pinned commit into gs://bucket/prefix/models/<id>/<revision>/
+    with its own manifest, as `mirror` copies the model; None when the plan has none. `source` replaces the hub
+    (tests)."""
+    assistant = weights.assistant
+    if assistant is None:
+        return None
+    bucket = _bucket(weights.bucket, client or storage_client())
+    return _mirror_revision(
+        bucket,
+        f"MTP assistant {assistant.model_id}",
+        assistant.revision,
+        assistant.object_prefix,
+        assistant.manifest_object,
+        {"model": assistant.model_id, "assistant_of": weights.model_id},
+        source or HubSource(assistant.model_id),
+        _missing_model_files,
+        progress,
+        workdir,
+    )
+
+
 def adapter_source(adapter: AdapterWeights, token: str | None = None) -> ModelSource:
     """Where the mirror reads an adapter: its directory, or its hub repository."""
     return LocalSource(adapter.source) if adapter.source.startswith("/") else HubSource(adapter.source, token)

@@ -66,10 +66,12 @@ class MirrorCheck(FactBase[str]):
 
 
 def pulls(plan: Plan) -> list[tuple[str, str]]:
-    """(object prefix, local directory) of each revision the puller fetches from the bucket: the adapters, then the
-    model (pull mode), so the model's marker, the one replicas check, is the last written."""
+    """(object prefix, local directory) of each revision the puller fetches from the bucket: the adapters and the MTP
+    assistant, then the model (pull mode), so the model's marker, the one replicas check, is the last written."""
     weights = plan.weights
     found = [(a.object_prefix, a.local_dir) for a in weights.adapters] if weights.from_bucket else []
+    if weights.assistant:
+        found.append((weights.assistant.object_prefix, weights.assistant.local_dir))
     if weights.mode == "pull":
         found.append((weights.object_prefix, weights.local_dir))
     return found
@@ -181,6 +183,8 @@ def weights(plan: Plan) -> None:
     adapters = len(plan.weights.adapters) if from_bucket else len(plan.weights.hub_adapters)
     if adapters:
         fetched.append(f"{adapters} LoRA adapter(s)")
+    if plan.weights.assistant:
+        fetched.append(f"the MTP assistant {plan.weights.assistant.model_id}")
     what = " and ".join(fetched)
     fetch_before_replicas(
         name=f"Fetch {what} to local disk before any replica restarts",

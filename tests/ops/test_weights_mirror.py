@@ -348,3 +348,60 @@ def test_a_quantized_hub_checkpoint_and_a_hub_adapter_mirror_by_id(bucket, tmp_p
         adapter_prefix + name
         for name in ("adapter_config.json", "adapter_model.safetensors", "README.md", "gemmaserve-manifest.json")
     }
+
+
+def test_the_cli_mirrors_the_mtp_assistant_beside_the_model_at_its_pin(bucket, tmp_path, monkeypatch):
+    """A stack serving MTP from the bucket: `gemmaserve weights mirror --stack` copies the assistant at
+    weights.assistant_revision into models/<assistant id>/<commit>/ with its manifest, where the plan's pull and
+    --speculative-config look for it; a pin the hub does not hold is an error naming it."""
+    import json
+
+    import huggingface_hub
+    import yaml
+    from typer.testing import CliRunner
+
+    from gemmaserve.ops.cli import app
+    from gemmaserve.plan import plan
+    from gemmaserve.sources import load_stack_spec
+
+    configs = Path(__file__).parents[1] / "unit" / "checkpoints" / "configs"
+    repos = {}
+    for repo in ("google/gemma-4-31B-it", "google/gemma-4-31B-it-assistant"):
+        directory = tmp_path / repo.split("/")[1]
+        directory.mkdir()
+        (directory / "config.json").write_text((configs / "gemma-4-31B-it.json").read_text())
+        (directory / "model.safetensors").write_bytes(os.urandom(1024))
+        repos[repo] = directory
+    hub = FakeHub(repos, tmp_path / "hf" / "hub")
+    monkeypatch.setattr(huggingface_hub, "HfApi", hub.api)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.download)
+    model_sha = LocalSource(repos["google/gemma-4-31B-it"]).resolve(None)
+    assistant_sha = LocalSource(repos["google/gemma-4-31B-it-assistant"]).resolve(None)
+    weights = {"source": "bucket", "bucket": f"gs://{bucket.name}/team", "revision": model_sha}
+    config = {
+        "gemmaserve:model": "31b",
+        "gemmaserve:accelerator": {"kind": "h100-80gb", "count": 2},
+        "gemmaserve:weights": weights | {"assistant_revision": assistant_sha},
+        "gemmaserve:workload": {"speculative": {"method": "mtp"}},
+    }
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "Pulumi.x.yaml").write_text(yaml.safe_dump({"config": config}))
+    monkeypatch.chdir(project)
+    result = CliRunner().invoke(app, ["weights", "mirror", "--stack", "x"])
+    assert result.exit_code == 0, result.output
+    assert f"mirroring MTP assistant google/gemma-4-31B-it-assistant@{assistant_sha[:12]}" in result.output
+    served = plan(load_stack_spec("x", project)).require_ok()
+    assistant = served.weights.assistant
+    assert {b.name for b in bucket.list_blobs(prefix=assistant.object_prefix)} == {
+        assistant.object_prefix + name for name in ("config.json", "model.safetensors", "gemmaserve-manifest.json")
+    }
+    assert json.loads(bucket.get_blob(assistant.manifest_object).download_as_text())["revision"] == assistant_sha
+    argv = served.replicas[0].argv
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == assistant.local_dir
+    # A pin the hub does not hold: nothing of the assistant is copied, and the error names the pin.
+    config["gemmaserve:weights"] = weights | {"assistant_revision": "f" * 40}
+    (project / "Pulumi.x.yaml").write_text(yaml.safe_dump({"config": config}))
+    result = CliRunner().invoke(app, ["weights", "mirror", "--stack", "x"])
+    assert result.exit_code == 1 and "f" * 40 in result.output
+    assert not list(bucket.list_blobs(prefix=f"team/models/google/gemma-4-31B-it-assistant/{'f' * 40}/"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gemmaserve.plan import plan
@@ -153,14 +155,33 @@ def test_without_the_bucket_a_directory_adapter_is_served_where_it_is(tmp_path, 
     assert f"legal={tmp_path / 'legal'}" in result.replicas[0].argv
 
 
-def test_mtp_is_refused_with_weights_from_the_bucket():
-    """vLLM downloads the MTP assistant by its hub id when it starts: replicas serving the mirror cannot."""
+def test_mtp_with_weights_from_the_bucket_serves_the_mirrored_assistant():
+    """vLLM downloads the MTP assistant by its hub id when it starts, which replicas serving the mirror cannot: the
+    assistant is mirrored beside the model at a pinned commit, pulled first, and --speculative-config names the copy.
+    Unpinned, it is refused naming the field and how to pin it."""
     data = {"model": "26b-a4b", "accelerator": {"kind": "h100-80gb"}, "workload": {"speculative": {"method": "mtp"}}}
     assert plan(parse_spec(data)).ok
-    bucket = {"source": "bucket", "bucket": "gs://acme", "revision": REVISION}
+    bucket = {"source": "bucket", "bucket": "gs://acme/w", "revision": REVISION}
     result = plan(parse_spec(data | {"weights": bucket}))
     assert not result.ok and result.refusals == [
-        "workload.speculative.method = 'mtp': the MTP assistant google/gemma-4-26B-A4B-it-assistant is downloaded by "
-        "vLLM from the hub, and replicas serving the bucket run offline (HF_HUB_OFFLINE=1; the mirror does not copy "
-        "the assistant yet); allowed: weights from the hub, or ngram, none"
+        "weights.assistant_revision: none given; with weights from the bucket the MTP assistant "
+        "google/gemma-4-26B-A4B-it-assistant is mirrored beside the model at a pinned commit (`gemmaserve weights "
+        "mirror --resolve --model google/gemma-4-26B-A4B-it-assistant --revision main` prints it); allowed: a commit "
+        "sha (40 hex)"
     ]
+    pinned = "e" * 40
+    result = plan(parse_spec(data | {"weights": bucket | {"assistant_revision": pinned}})).require_ok()
+    assistant = result.weights.assistant
+    assert assistant.object_prefix == f"w/models/google/gemma-4-26B-A4B-it-assistant/{pinned}/"
+    assert assistant.local_dir == f"/var/lib/gemmaserve/weights/google/gemma-4-26B-A4B-it-assistant/{pinned}"
+    argv = result.replicas[0].argv
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config == {"method": "mtp", "model": assistant.local_dir, "num_speculative_tokens": 4}
+    # From the hub, a pinned assistant is vLLM's own download at that revision (SpeculativeConfig.revision).
+    hub = plan(parse_spec(data | {"weights": {"assistant_revision": pinned}})).require_ok()
+    argv = hub.replicas[0].argv
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config["model"] == "google/gemma-4-26B-A4B-it-assistant" and config["revision"] == pinned
+    assert hub.weights.assistant is None
+    with pytest.raises(SpecError, match="weights.assistant_revision"):
+        parse_spec(data | {"weights": bucket | {"assistant_revision": "main"}})

@@ -341,3 +341,30 @@ def test_lora_buffers_are_what_vllm_allocates(lora_verdicts, name: str) -> None:
         hf_id=name, aliases=(name,), checkpoint_bytes=1, total_params_b=0, **architecture(config, CheckpointRef(name))
     )
     assert lora_slot_bytes(info, 1, case["max_loras"], case["rank"]) == lora_verdicts["bytes"][name]
+
+
+# --- --speculative-config as vLLM's SpeculativeConfig reads it -------------------------------------------------------
+
+SPECULATIVE_JUDGE = r"""
+import dataclasses, json, os, sys
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+from vllm.config.speculative import SpeculativeConfig
+print(json.dumps(sorted(f.name for f in dataclasses.fields(SpeculativeConfig))))
+"""
+
+
+def test_every_key_of_the_planned_mtp_config_is_a_speculative_config_field(vllm_python: Path) -> None:
+    """vLLM's argument parser takes --speculative-config as any JSON object (vllm_argcheck accepts an unknown key);
+    SpeculativeConfig's fields are what the engine reads. A pinned assistant from the hub adds `revision`; one from
+    the bucket is named by its local directory."""
+    proc = subprocess.run([str(vllm_python), "-c", SPECULATIVE_JUDGE], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fields = set(json.loads(proc.stdout.splitlines()[-1]))
+    base = {"model": "31b", "accelerator": {"kind": "h200"}, "workload": {"speculative": {"method": "mtp"}}}
+    pinned = {"assistant_revision": "e" * 40}
+    bucket = {"source": "bucket", "bucket": "gs://acme", "revision": "d" * 40}
+    for weights in ({}, pinned, bucket | pinned):
+        argv = plan(parse_spec(base | {"weights": weights})).require_ok().replicas[0].argv
+        config = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert set(config) <= fields, set(config) - fields
+    assert "revision" in fields
