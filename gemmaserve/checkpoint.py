@@ -6,6 +6,7 @@ The files are read from a local directory or the local Hugging Face cache only; 
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from dataclasses import dataclass, replace
@@ -18,6 +19,12 @@ from gemmaserve.catalog import CATALOG, AttentionShape, ModelInfo
 # A Hugging Face repository id: OWNER/NAME of letters, digits, '-', '_' and '.'
 # (huggingface_hub.utils.validate_repo_id).
 HUB_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+# A checkpoint in Cloud Storage: gs://BUCKET/PATH (bucket naming: cloud.google.com/storage/docs/buckets#naming, no
+# dotted names), read where it is: planned from its small files, served by vLLM's Run:ai streamer.
+GCS_CHECKPOINT = re.compile(r"gs://[a-z0-9][a-z0-9_-]{1,61}[a-z0-9](/[A-Za-z0-9._-]+)+/?")
+# Where `gemmaserve plan --fetch` keeps a gs:// checkpoint's small files (config.json, the weight index):
+# GCS_CACHE/<bucket>/<path>/<file>. Planning reads only this cache, never the network.
+GCS_CACHE = Path(os.environ.get("GEMMASERVE_GCS_CACHE", Path.home() / ".cache" / "gemmaserve" / "gcs"))
 # What vLLM 0.32.0 serves Gemma 4 checkpoints as (vllm/model_executor/models/registry.py at v0.32.0).
 GEMMA4_ARCHITECTURES = ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM")
 GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_text")
@@ -43,10 +50,23 @@ class CheckpointRef:
     def is_local(self) -> bool:
         return self.name.startswith("/")
 
+    @property
+    def is_gcs(self) -> bool:
+        return self.name.startswith("gs://")
+
+    @property
+    def served_name(self) -> str:
+        """A directory's or a bucket path's last component (--served-model-name), else the hub id."""
+        return self.name.rstrip("/").rsplit("/", 1)[-1] if self.is_local or self.is_gcs else self.name
+
     def describe(self) -> str:
-        return self.name if self.is_local else f"{self.name}@{self.revision or 'main'}"
+        return self.name if self.is_local or self.is_gcs else f"{self.name}@{self.revision or 'main'}"
 
     def download_hint(self, files: tuple[str, ...]) -> str:
+        if self.is_gcs:
+            return (
+                f"gemmaserve plan --fetch (it copies {', '.join(files)} from {self.name} to {gcs_cache_dir(self.name)})"
+            )
         revision = f" --revision {self.revision}" if self.revision else ""
         return f"huggingface-cli download {self.name}{revision} {' '.join(files)}"
 
@@ -56,8 +76,8 @@ class CheckpointRef:
         return path.read_text() if path else None
 
     def path(self, filename: str) -> Path | None:
-        if self.is_local:
-            path = Path(self.name) / filename
+        if self.is_local or self.is_gcs:
+            path = (gcs_cache_dir(self.name) if self.is_gcs else Path(self.name)) / filename
             return path if path.is_file() else None
         # The cache lookup huggingface_hub itself uses (snapshots/<commit> resolved through refs/<revision>);
         # imported here so the core loads it only when a hub checkpoint is planned.
@@ -67,19 +87,24 @@ class CheckpointRef:
         return Path(found) if isinstance(found, str) else None
 
 
+def gcs_cache_dir(uri: str) -> Path:
+    """Where a gs:// checkpoint's small files are kept for planning."""
+    return GCS_CACHE / uri.removeprefix("gs://").strip("/")
+
+
 def read_json(ref: CheckpointRef, filename: str, needed: tuple[str, ...]) -> dict[str, Any]:
     text = ref.read_text(filename)
     if text is None:
-        where = (
-            f"directory {ref.name} has no {filename}"
-            if ref.is_local
-            else f"{filename} of {ref.describe()} is not in the local Hugging Face cache (planning does not download)"
-        )
-        fetch = (
-            ""
-            if ref.is_local
-            else f"; fetch the small files first: {ref.download_hint(needed)} (or `gemmaserve plan --fetch`)"
-        )
+        if ref.is_local:
+            where, fetch = f"directory {ref.name} has no {filename}", ""
+        elif ref.is_gcs:
+            where = f"{filename} of {ref.name} is not in the local copy {gcs_cache_dir(ref.name)} (planning does not download)"
+            fetch = f"; fetch the small files first: {ref.download_hint(needed)}"
+        else:
+            where = (
+                f"{filename} of {ref.describe()} is not in the local Hugging Face cache (planning does not download)"
+            )
+            fetch = f"; fetch the small files first: {ref.download_hint(needed)} (or `gemmaserve plan --fetch`)"
         raise CheckpointError(f"{where}{fetch}")
     try:
         data = json.loads(text)
@@ -435,7 +460,12 @@ def weight_bytes(ref: CheckpointRef) -> int:
     single = ref.path(SINGLE_WEIGHTS_FILE)
     if single is not None:
         return _safetensors_header_bytes(single)
-    where = f"directory {ref.name} has" if ref.is_local else f"the local Hugging Face cache of {ref.describe()} has"
+    if ref.is_local:
+        where = f"directory {ref.name} has"
+    elif ref.is_gcs:
+        where = f"the local copy of {ref.name} ({gcs_cache_dir(ref.name)}) has"
+    else:
+        where = f"the local Hugging Face cache of {ref.describe()} has"
     fetch = "" if ref.is_local else f"; fetch it first: {ref.download_hint((CONFIG_FILE, INDEX_FILE))}"
     raise CheckpointError(
         f"{where} neither {INDEX_FILE} nor {SINGLE_WEIGHTS_FILE}: the weight bytes are unknown{fetch}"
@@ -491,9 +521,9 @@ def load_checkpoint(name: str, revision: str | None = None) -> Checkpoint:
     quantization = parse_quantization(config.get("quantization_config"))
     total = weight_bytes(ref)
     info = ModelInfo(
-        # A directory's checkpoint is served under the directory's name (--served-model-name).
-        hf_id=Path(name).name if ref.is_local else name,
-        aliases=(_slug(Path(name).name if ref.is_local else name),),
+        # A directory's or a bucket path's checkpoint is served under its last component (--served-model-name).
+        hf_id=ref.served_name,
+        aliases=(_slug(ref.served_name),),
         checkpoint_bytes=total,
         total_params_b=round(total / 2 / 1e9, 1),
         local_dir=name if ref.is_local else None,

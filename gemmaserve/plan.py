@@ -261,10 +261,14 @@ class WeightsPlan:
     hub_adapters: tuple[tuple[str, str], ...] = ()
     # With weights from the bucket and MTP: the assistant mirrored beside the model (None: no MTP, or not pinned).
     assistant: AssistantWeights | None = None
+    # A gs:// model: streamed from where it is (no mirror: bucket stays None).
+    source_uri: str | None = None
 
     @staticmethod
     def of(spec: Spec) -> WeightsPlan:
         weights, model = spec.weights, spec.model_info
+        if spec.model.startswith("gs://"):
+            return WeightsPlan("stream", model.hf_id, source_uri=spec.model)
         if weights.source == "hub":
             if model.local_dir:
                 return WeightsPlan("local", model.hf_id, weights.revision)
@@ -302,6 +306,8 @@ class WeightsPlan:
 
     @property
     def uri(self) -> str | None:
+        if self.source_uri:
+            return self.source_uri
         return f"gs://{self.bucket}/{self.object_prefix}" if self.bucket else None
 
     @property
@@ -1173,7 +1179,7 @@ def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
     download of an id (vllm/lora/utils.py get_adapter_absolute_path) takes no revision and cannot run under
     HF_HUB_OFFLINE."""
     from_bucket = spec.weights.source == "bucket"
-    offline = from_bucket or spec.model_info.local_dir is not None
+    offline = from_bucket or spec.model_info.local_dir is not None or spec.model.startswith("gs://")
     problems = []
     for index, adapter in enumerate(adapters):
         field = f"serving.lora_adapters[{index}]"
@@ -1194,7 +1200,7 @@ def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
             continue
         if adapter.revision:
             if offline or spec.engine.kind == "container":
-                why = "the model is a directory (replicas run offline)" if offline else "engine.kind is container"
+                why = "the replicas run offline (HF_HUB_OFFLINE=1)" if offline else "engine.kind is container"
                 problems.append(
                     f"{field}.revision = {adapter.revision!r}: a pinned hub adapter is served from its snapshot "
                     f"({adapter_path(adapter)}), which the weights role downloads only beside hub weights on the "
@@ -1314,8 +1320,8 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
     if spec.secret is not None and not from_bucket:
         # The token is a systemd credential on tmpfs; only its path is in the environment.
         env["HF_TOKEN_PATH"] = f"/run/credentials/vllm@{index}.service/hf-token"
-    if spec.model_info.local_dir or from_bucket:
-        env["HF_HUB_OFFLINE"] = "1"  # a local directory or the mirror; never reach for a hub
+    if spec.model_info.local_dir or from_bucket or spec.model.startswith("gs://"):
+        env["HF_HUB_OFFLINE"] = "1"  # a local directory, the mirror or a gs:// model; never reach for a hub
     if acc.is_tpu:
         env["VLLM_TPU_BUCKET_PADDING_GAP"] = str(TPU_BUCKET_PADDING_GAP)
         env["VLLM_XLA_CACHE_PATH"] = f"{cache}/xla"
@@ -1384,7 +1390,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     model, acc = spec.model_info, spec.accelerator_info
     pin = engines.pin_for(acc.vendor, spec.vllm_version)
     # vLLM's `runai` extra brings runai-model-streamer[gcs] (vLLM 0.32 setup: runai-model-streamer>=0.15.7).
-    extras = ("runai",) if spec.weights.source == "bucket" and spec.weights.load == "stream" else ()
+    extras = ("runai",) if WeightsPlan.of(spec).mode == "stream" else ()
     engine = EnginePlan(
         kind=spec.engine.kind,
         package=VLLM_PACKAGE[acc.vendor],

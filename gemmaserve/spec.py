@@ -11,7 +11,15 @@ from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gemmaserve.catalog import CATALOG, Accelerator, ModelInfo
-from gemmaserve.checkpoint import HUB_REPO, Adapter, Checkpoint, CheckpointError, load_adapter, load_checkpoint
+from gemmaserve.checkpoint import (
+    GCS_CHECKPOINT,
+    HUB_REPO,
+    Adapter,
+    Checkpoint,
+    CheckpointError,
+    load_adapter,
+    load_checkpoint,
+)
 from gemmaserve.engines import ENGINE_PINS, pin_for, transformers_allowed
 from gemmaserve.vllm_releases import UnknownRelease, vllm_release
 
@@ -425,10 +433,12 @@ class LoraAdapter(Strict):
         return value
 
 
-def _checkpoint_name(value: str, allowed: str) -> str:
-    """A hub repository id or an absolute directory (a HostPath), else "allowed: ..."."""
+def _checkpoint_name(value: str, allowed: str, bucket_path: bool = False) -> str:
+    """A hub repository id or an absolute directory (a HostPath), a gs:// path where `bucket_path`, else "allowed: ..."."""
     if HUB_REPO.fullmatch(value) or re.fullmatch(r"(?=.{2,4095}$)(/(?!\.\.?(/|$))[A-Za-z0-9._-]+)+", value):
         return value
+    if bucket_path and GCS_CHECKPOINT.fullmatch(value):
+        return value.rstrip("/")
     raise ValueError(f"allowed: {allowed}")
 
 
@@ -535,7 +545,13 @@ class Weights(Strict):
             if self.revision is None:
                 problems.append(("weights.revision", None, "required with source bucket: the commit the mirror holds"))
         elif self.load == "stream":
-            problems.append(("weights.load", "stream", "streams only from the bucket; allowed with source hub: pull"))
+            problems.append(
+                (
+                    "weights.load",
+                    "stream",
+                    "streams only from the bucket; allowed with source hub: pull (a gs:// model is streamed without it)",
+                )
+            )
         if problems:
             raise SpecError([f"{field} = {value!r}: {why}" for field, value, why in problems])
         return self
@@ -543,8 +559,8 @@ class Weights(Strict):
 
 class Spec(Strict):
     model: str = Field(
-        description="Catalog alias (e2b, e4b, 31b, 26b-a4b), any Gemma 4 checkpoint's Hugging Face id, or an absolute "
-        "directory (docs/checkpoints.md)."
+        description="Catalog alias (e2b, e4b, 31b, 26b-a4b), any Gemma 4 checkpoint's Hugging Face id, an absolute "
+        "directory or a gs://BUCKET/PATH (docs/checkpoints.md)."
     )
     accelerator: AcceleratorSpec
     workload: Workload = Workload()
@@ -562,8 +578,9 @@ class Spec(Strict):
             pass
         return _checkpoint_name(
             value,
-            f"{', '.join(CATALOG.model_names())}, a Gemma 4 checkpoint's Hugging Face id OWNER/NAME, or an absolute "
-            "directory holding its config.json",
+            f"{', '.join(CATALOG.model_names())}, a Gemma 4 checkpoint's Hugging Face id OWNER/NAME, an absolute "
+            "directory holding its config.json, or its Cloud Storage path gs://BUCKET/PATH",
+            bucket_path=True,
         )
 
     @property
@@ -617,6 +634,30 @@ class Spec(Strict):
         except CheckpointError as error:
             raise SpecError([f"model = {self.model!r}: {error}"]) from None
         problems: list[tuple[str, Any, str]] = []
+        if self.model.startswith("gs://"):
+            # Read where it is: vLLM's Run:ai streamer loads it from the bucket (no mirror, no local copy).
+            weights = self.weights
+            if weights.source == "bucket" or weights.revision or weights.assistant_revision:
+                problems.append(
+                    (
+                        "weights",
+                        weights.model_dump(exclude_defaults=True),
+                        "a gs:// model is streamed from where it is; allowed: no weights.source bucket, revision or "
+                        "assistant_revision with it (those mirror a Hugging Face model)",
+                    )
+                )
+            if "load" in weights.model_fields_set:
+                problems.append(("weights.load", weights.load, "a gs:// model is always streamed; allowed: unset"))
+            if self.workload.speculative.method == "mtp":
+                problems.append(
+                    (
+                        "workload.speculative.method",
+                        "mtp",
+                        "replicas streaming a gs:// model run offline (HF_HUB_OFFLINE=1), and vLLM downloads the MTP "
+                        "assistant from the hub; allowed: ngram, none (or mirror the hub model with its assistant: "
+                        "weights.source bucket)",
+                    )
+                )
         for index, adapter in enumerate(self.serving.lora_adapters):
             try:
                 load_adapter(adapter.name, adapter.source, adapter.revision)

@@ -14,7 +14,7 @@ from network import HOST_TAG, Network, NetworkArgs
 from project_apis import ProjectApis, ProjectApisArgs
 from secret import HfTokenSecret, HfTokenSecretArgs
 from tpu_slice import TpuSlice, TpuSliceArgs
-from weights_bucket import WeightsBucket, WeightsBucketArgs
+from weights_bucket import WeightsBucket, WeightsBucketArgs, grant_model_read
 
 from gemmaserve.cloud.config import FLEX_START_VM_CREATE_TIMEOUT, read_hf_token, read_settings
 
@@ -82,6 +82,9 @@ if weights.from_bucket:
         ),
         after_apis,
     )
+if weights.source_uri:
+    # A gs:// model is streamed from its own bucket, which this stack does not own: the hosts are granted read.
+    grant_model_read(f"{name}-model", weights.source_uri, identity.member, after_apis)
 image = ServingImage(
     name,
     ServingImageArgs(

@@ -28,6 +28,17 @@ class WeightsBucketArgs:
     create: bool = True
 
 
+def grant_model_read(
+    name: str, uri: str, host_member: pulumi.Input[str], opts: pulumi.ResourceOptions | None = None
+) -> gcp.storage.BucketIAMMember:
+    """Read on the bucket of a gs:// model (the spec's model, streamed where it is) for the hosts' account: a
+    non-authoritative member, so the bucket's other grants stay as its owner set them."""
+    bucket = uri.removeprefix("gs://").split("/", 1)[0]
+    return gcp.storage.BucketIAMMember(
+        f"{name}-hosts-read", bucket=bucket, role=HOST_READ_ROLE, member=host_member, opts=opts
+    )
+
+
 class WeightsBucket(pulumi.ComponentResource):
     """A private bucket with uniform access: hosts read it (and write compile caches), operators write it."""
 

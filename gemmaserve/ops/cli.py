@@ -110,7 +110,7 @@ def plan_command(
         False,
         "--fetch",
         help="Download the few kB planning reads (config.json, the weight index, adapter_config.json) of hub "
-        "checkpoints and adapters into the local Hugging Face cache first.",
+        "checkpoints and adapters into the local Hugging Face cache, or of a gs:// model into gemmaserve's copy, first.",
     ),
 ) -> None:
     """Show the replicas, vLLM argv/env and KV-cache capacity a spec produces."""
@@ -162,15 +162,18 @@ def plan_command(
 
 def _fetch_checkpoint_files(data: dict[str, Any]) -> None:
     """`plan --fetch`: only the small files gemmaserve.checkpoint reads, for a hub model that is not in the catalog
-    and for hub adapters, through huggingface_hub (its cache, token and endpoint settings). Each is reported."""
+    and for hub adapters, through huggingface_hub (its cache, token and endpoint settings); for a gs:// model,
+    through google-cloud-storage (application default credentials) into the planner's copy. Each is reported."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError
 
     from gemmaserve.catalog import CATALOG
-    from gemmaserve.checkpoint import ADAPTER_CONFIG_FILE, CONFIG_FILE, HUB_REPO, INDEX_FILE
+    from gemmaserve.checkpoint import ADAPTER_CONFIG_FILE, CONFIG_FILE, GCS_CHECKPOINT, HUB_REPO, INDEX_FILE
 
     wanted: list[tuple[str, str | None, tuple[str, ...]]] = []
     model = data.get("model")
+    if isinstance(model, str) and GCS_CHECKPOINT.fullmatch(model):
+        _fetch_from_bucket(model.rstrip("/"), (CONFIG_FILE, INDEX_FILE))
     if isinstance(model, str) and HUB_REPO.fullmatch(model):
         try:
             CATALOG.model(model)
@@ -190,6 +193,34 @@ def _fetch_checkpoint_files(data: dict[str, Any]) -> None:
             except Exception as error:  # noqa: BLE001 - network, auth or a missing repo: say which file
                 _fail(f"error: --fetch {repo} {name}: {type(error).__name__}: {error}", EXIT_BAD_INPUT)
             typer.echo(f"fetch: {repo} {name}" + (f" at {revision}" if revision else ""), err=True)
+
+
+def _fetch_from_bucket(uri: str, files: tuple[str, ...]) -> None:
+    """Copy a gs:// checkpoint's small files into the planner's local copy (gemmaserve.checkpoint.gcs_cache_dir); a
+    file the path does not hold is reported, not fatal (a single-file checkpoint has no index)."""
+    from google.api_core import exceptions
+
+    from gemmaserve.checkpoint import gcs_cache_dir
+    from gemmaserve.ops.weights import storage_client
+
+    bucket_name, _, path = uri.removeprefix("gs://").partition("/")
+    target = gcs_cache_dir(uri)
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        bucket = storage_client().bucket(bucket_name)
+        for name in files:
+            blob = bucket.blob(f"{path}/{name}")
+            try:
+                data = blob.download_as_bytes()
+            except exceptions.NotFound:
+                typer.echo(f"fetch: {uri} has no {name}", err=True)
+                continue
+            (target / name).write_bytes(data)
+            typer.echo(f"fetch: {uri}/{name} ({len(data):,} bytes)", err=True)
+    except exceptions.GoogleAPICallError as error:
+        _fail(f"error: --fetch {uri}: {error.message}", EXIT_BAD_INPUT)
+    except Exception as error:  # noqa: BLE001 - credentials or network: say which path
+        _fail(f"error: --fetch {uri}: {type(error).__name__}: {error}", EXIT_BAD_INPUT)
 
 
 def _print_plan(result) -> None:
