@@ -638,3 +638,25 @@ def test_cli_fetch_downloads_only_the_small_files(tmp_path: Path, monkeypatch) -
     asked.clear()
     assert CliRunner().invoke(app, ["plan", "--model", "31b", "--accelerator", "h200", "--fetch"]).exit_code == 0
     assert asked == []
+
+
+@pytest.mark.parametrize(
+    "published, base",
+    [("nvidia--Gemma-4-31B-IT-NVFP4", "31b"), ("nvidia--Gemma-4-26B-A4B-NVFP4", "26b-a4b")],
+)
+def test_published_nvfp4_checkpoints_plan_on_their_base_with_their_fp8_kv_cache(tmp_path: Path, published, base):
+    """NVIDIA's published config.json files (tests/unit/checkpoints/published): the stock architecture, ModelOpt
+    NVFP4 (native on B200, weight-only before Blackwell) and an FP8 KV cache, which halves the KV bytes per token:
+    the same memory holds twice the tokens of the BF16 cache (the weights' bytes are a stand-in: no published
+    metadata.total_size was found)."""
+    config = json.loads((FIXTURES / "published" / f"{published}.config.json").read_text())
+    root = checkpoint_dir(tmp_path / published, config, CATALOG.model(base).checkpoint_bytes // 3)
+    spec = {"model": str(root), "accelerator": {"kind": "b200", "count": 1}}
+    result = plan(parse_spec(spec)).require_ok()
+    assert result.quantization.method == "modelopt_fp4" and result.quantization.kv_cache_dtype == "fp8_e4m3"
+    assert same_architecture(parse_spec(spec).model_info, CATALOG.model(base))
+    given = plan(parse_spec(spec), available_kv_gib=40).replicas[0].capacity
+    bf16 = plan(parse_spec({"model": base, "accelerator": {"kind": "b200", "count": 1}}), available_kv_gib=40)
+    assert given.num_blocks == 2 * bf16.replicas[0].capacity.num_blocks
+    hopper = plan(parse_spec(spec | {"accelerator": {"kind": "h100-80gb", "count": 1}}))
+    assert hopper.ok and [w for w in hopper.warnings if "weight-only" in w]

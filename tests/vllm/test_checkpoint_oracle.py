@@ -21,7 +21,15 @@ from roles._lib.programs import program_source
 pytestmark = pytest.mark.vllm
 
 FIXTURES = Path(__file__).parents[1] / "unit" / "checkpoints"
-QUANTIZATION = sorted(p.stem for p in (FIXTURES / "quantization").glob("*.json"))
+# The recorded quantization_config objects, and those of published checkpoints' config.json (published/README.md).
+QUANTIZATION_CONFIGS = {
+    p.stem: json.loads(p.read_text()) for p in sorted((FIXTURES / "quantization").glob("*.json"))
+} | {
+    p.name.removesuffix(".config.json"): config["quantization_config"]
+    for p in sorted((FIXTURES / "published").glob("*.config.json"))
+    if "quantization_config" in (config := json.loads(p.read_text()))
+}
+QUANTIZATION = list(QUANTIZATION_CONFIGS)
 ADAPTERS = sorted(p.stem for p in (FIXTURES / "adapters").glob("*.json"))
 
 JUDGE = r"""
@@ -78,7 +86,7 @@ print(json.dumps(out))
 def verdicts(vllm_python: Path) -> dict:
     rank = {name: 64 for name in ADAPTERS}
     cases = {
-        "quantization": {n: json.loads((FIXTURES / "quantization" / f"{n}.json").read_text()) for n in QUANTIZATION},
+        "quantization": QUANTIZATION_CONFIGS,
         "adapters": {
             f"{n}@{r}": (json.loads((FIXTURES / "adapters" / f"{n}.json").read_text()), r)
             for n in ADAPTERS
@@ -95,7 +103,7 @@ def verdicts(vllm_python: Path) -> dict:
 @pytest.mark.parametrize("name", QUANTIZATION)
 def test_vllm_detects_the_method_gemmaserve_names(verdicts, name: str) -> None:
     """The same config class; AWQ's name differs only on this CPU build (auto_awq.py: no override on CPU)."""
-    mine = parse_quantization(json.loads((FIXTURES / "quantization" / f"{name}.json").read_text()))
+    mine = parse_quantization(QUANTIZATION_CONFIGS[name])
     verdict = verdicts["quantization"][name]
     assert verdict["known"]
     assert verdict["detected"] == mine.method or (verdict["detected"], mine.method) == ("awq", "auto_awq")
@@ -103,7 +111,7 @@ def test_vllm_detects_the_method_gemmaserve_names(verdicts, name: str) -> None:
 
 @pytest.mark.parametrize("name", QUANTIZATION)
 def test_minimum_capability_is_vllms(verdicts, name: str) -> None:
-    mine = parse_quantization(json.loads((FIXTURES / "quantization" / f"{name}.json").read_text()))
+    mine = parse_quantization(QUANTIZATION_CONFIGS[name])
     verdict = verdicts["quantization"][name]
     if "schemes" in verdict:
         # On an A100 (8.0) the scheme vLLM picks needs what gemmaserve calls the minimum; where gemmaserve says the
@@ -119,7 +127,7 @@ def test_minimum_capability_is_vllms(verdicts, name: str) -> None:
 
 @pytest.mark.parametrize("name", QUANTIZATION)
 def test_kv_cache_dtype_auto_resolves_as_vllms(verdicts, name: str) -> None:
-    mine = parse_quantization(json.loads((FIXTURES / "quantization" / f"{name}.json").read_text()))
+    mine = parse_quantization(QUANTIZATION_CONFIGS[name])
     assert mine.kv_cache_dtype == verdicts["quantization"][name]["kv_cache_dtype"]
 
 
@@ -191,19 +199,24 @@ print(json.dumps(out))
 
 def _variants() -> dict[str, dict]:
     stock = {p.stem: json.loads(p.read_text()) for p in sorted((FIXTURES / "configs").glob("*.json"))}
+    published = {p.name: json.loads(p.read_text()) for p in sorted((FIXTURES / "published").glob("*.json"))}
     base = stock["gemma-4-31B-it"]
     text = base["text_config"]
-    return stock | {
-        # transformers' defaults: no layer_types (every 6th full), no global_head_dim (512)
-        "defaults": {
-            **base,
-            "text_config": {k: v for k, v in text.items() if k not in ("layer_types", "global_head_dim")},
-        },
-        # a text-only Gemma4ForCausalLM checkpoint: the text config at the top, 12 layers
-        "text-only": {"architectures": ["Gemma4ForCausalLM"], **text, "num_hidden_layers": 12, "layer_types": None},
-        # as transformers 5.19 saves a config (every fine-tune saved with it): per_layer_config, no global_head_dim
-        "saved-by-transformers": {**base, "text_config": _per_layer_form(text)},
-    }
+    return (
+        stock
+        | published
+        | {
+            # transformers' defaults: no layer_types (every 6th full), no global_head_dim (512)
+            "defaults": {
+                **base,
+                "text_config": {k: v for k, v in text.items() if k not in ("layer_types", "global_head_dim")},
+            },
+            # a text-only Gemma4ForCausalLM checkpoint: the text config at the top, 12 layers
+            "text-only": {"architectures": ["Gemma4ForCausalLM"], **text, "num_hidden_layers": 12, "layer_types": None},
+            # as transformers 5.19 saves a config (every fine-tune saved with it): per_layer_config, no global_head_dim
+            "saved-by-transformers": {**base, "text_config": _per_layer_form(text)},
+        }
+    )
 
 
 def _per_layer_form(text: dict) -> dict:
