@@ -314,18 +314,23 @@ class GpuProfile:
         return self.derived + self.margin
 
 
-def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, speculative_tokens: int = 0) -> list[int]:
+def cudagraph_capture_sizes(
+    max_num_seqs: int, max_num_batched_tokens: int, speculative_tokens: int = 0, limit: int = 512
+) -> list[int]:
     """vLLM's default capture sizes (config/vllm.py _set_cudagraph_sizes, v0.19.1 to v0.32.0): 1, 2, 4, every 8 below
-    256, every 16 from 256, up to min(2 x max_num_seqs x (1 + speculative tokens), 512, max_num_batched_tokens)."""
-    top = min(max_num_seqs * (1 + speculative_tokens) * 2, 512, max_num_batched_tokens)
+    256, every 16 from 256, up to min(2 x max_num_seqs x (1 + speculative tokens), `limit`, max_num_batched_tokens).
+    `limit` is 512, or 1024 on compute capability 10.x since 0.28.0 (VllmRelease rule blackwell_capture_1024)."""
+    top = min(max_num_seqs * (1 + speculative_tokens) * 2, limit, max_num_batched_tokens)
     sizes = [s for s in (1, 2, 4) if s <= top] + list(range(8, min(top + 1, 256), 8)) + list(range(256, top + 1, 16))
     return sizes
 
 
-def cudagraph_count(max_num_seqs: int, max_num_batched_tokens: int, speculative_tokens: int = 0) -> int:
+def cudagraph_count(
+    max_num_seqs: int, max_num_batched_tokens: int, speculative_tokens: int = 0, limit: int = 512
+) -> int:
     """Graphs FULL_AND_PIECEWISE (the default mode) captures: a piecewise graph per size, and a full decode graph
     per size up to max_num_seqs x (1 + speculative tokens) (v1/cudagraph_dispatcher.py)."""
-    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, speculative_tokens)
+    sizes = cudagraph_capture_sizes(max_num_seqs, max_num_batched_tokens, speculative_tokens, limit)
     return len(sizes) + sum(1 for s in sizes if s <= max_num_seqs * (1 + speculative_tokens))
 
 
@@ -338,6 +343,7 @@ def gpu_profile(
     release: VllmRelease,
     cudagraphs_counted: bool,
     speculative_tokens: int = 0,
+    capture_limit: int = 512,
 ) -> GpuProfile:
     """vLLM's non-KV memory per rank beyond the checkpoint (gpu_worker.determine_available_memory).
 
@@ -379,7 +385,7 @@ def gpu_profile(
     # mask, made after loading; the free-memory accounting of 0.27.0 on counts it.
     persistent = max_num_seqs * vocab * 4 * 33 // 32 if v2 and release.consumed_memory_counted else 0
     # The V2 runner of 0.25.0 to 0.28.0 returns 0 for its CUDA-graph estimate (gpu/model_runner.py).
-    graphs = cudagraph_count(max_num_seqs, tokens, speculative_tokens) if cudagraphs_counted else 0
+    graphs = cudagraph_count(max_num_seqs, tokens, speculative_tokens, capture_limit) if cudagraphs_counted else 0
     if v2 and not release.has("v2_runner_cudagraph_estimate"):
         graphs = 0
     return GpuProfile(

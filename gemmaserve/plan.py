@@ -854,6 +854,9 @@ def _gpu_profile(spec: Spec, tp: int, mnbt: int, release: VllmRelease) -> GpuPro
         release,
         cudagraphs_counted=not wl.enforce_eager and release.cudagraph_memory_counted(acc.vendor),
         speculative_tokens=wl.speculative.tokens,
+        capture_limit=1024
+        if release.has("blackwell_capture_1024") and (acc.compute_capability or 0) // 10 == 10
+        else 512,
     )
 
 

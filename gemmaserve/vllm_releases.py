@@ -34,6 +34,8 @@ The rules, and what each changes in the plan (gemmaserve/kv_cache.py applies the
   for models that are not MoE (E2B, E4B, 31B; 26B-A4B stays on V1), whose CUDA-graph estimate is a
   hard-coded 0; from 0.29.0 the V2 runner for every Gemma 4, with a measured CUDA-graph estimate (the
   release that made V2 the default, config/vllm.py use_v2_model_runner, is the one that gave it one).
+- blackwell_capture_1024: since 0.28.0 the default CUDA-graph capture sizes go up to 1024 tokens, not 512,
+  on compute capability 10.x (B200), so more graphs are captured there.
 - consumed_memory_counted: since 0.27.0 the non-KV memory is everything the process took since its
   first snapshot (free-memory based) plus the profile run's transient peak, so runner buffers allocated
   after loading (V2's sampler penalty state) count; before, only weights + torch peak + non-torch growth.
@@ -65,6 +67,7 @@ RULE_TEXT = {
     "v2_runner_for_dense": "or not model_config.is_moe",
     "v2_runner_cudagraph_estimate": "return _profile_cudagraph_memory(self)",
     "consumed_memory_counted": "result.total_consumed + result.transient_peak_headroom",
+    "blackwell_capture_1024": "1024 if current_platform.is_device_capability_family(100) else 512",
 }
 
 # Where each rule lives in the releases that do not cite it (the check that it is absent reads these).
@@ -86,6 +89,7 @@ RULE_FILES = {
     "v2_runner_for_dense": ("vllm/config/vllm.py",),
     "v2_runner_cudagraph_estimate": ("vllm/v1/worker/gpu/model_runner.py",),
     "consumed_memory_counted": ("vllm/utils/mem_utils.py",),
+    "blackwell_capture_1024": ("vllm/config/vllm.py",),
 }
 
 # Release -> rule -> "path:line" in that release's `vllm` wheel.
@@ -228,6 +232,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "v2_runner_for_dense": "vllm/config/vllm.py:658",
     },
     "0.28.0": {
+        "blackwell_capture_1024": "vllm/config/vllm.py:1938",
         "consumed_memory_counted": "vllm/utils/mem_utils.py:326",
         "cudagraph_estimate_on": "vllm/envs.py:2094",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:529",
@@ -242,6 +247,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "v2_runner_for_dense": "vllm/config/vllm.py:712",
     },
     "0.29.0": {
+        "blackwell_capture_1024": "vllm/config/vllm.py:2007",
         "consumed_memory_counted": "vllm/utils/mem_utils.py:326",
         "cudagraph_estimate_on": "vllm/envs.py:2106",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:567",
@@ -257,6 +263,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:898",
     },
     "0.30.0": {
+        "blackwell_capture_1024": "vllm/config/vllm.py:2218",
         "consumed_memory_counted": "vllm/utils/mem_utils.py:321",
         "cudagraph_estimate_on": "vllm/envs.py:2110",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:582",
@@ -271,6 +278,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:985",
     },
     "0.31.0": {
+        "blackwell_capture_1024": "vllm/config/vllm.py:2454",
         "consumed_memory_counted": "vllm/utils/mem_utils.py:321",
         "cudagraph_estimate_on": "vllm/envs.py:2163",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:635",
@@ -285,6 +293,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:1006",
     },
     "0.32.0": {
+        "blackwell_capture_1024": "vllm/config/vllm.py:2358",
         "consumed_memory_counted": "vllm/utils/mem_utils.py:321",
         "cudagraph_estimate_on": "vllm/envs.py:2222",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:702",
@@ -299,6 +308,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:1040",
     },
     "0.33.0": {
+        "blackwell_capture_1024": "vllm/config/vllm.py:2464",
         "consumed_memory_counted": "vllm/utils/mem_utils.py:321",
         "cudagraph_estimate_on": "vllm/envs.py:2220",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:709",

@@ -142,6 +142,11 @@ def test_capture_sizes_are_vllms():
     assert len(cudagraph_capture_sizes(1024, 8192)) == 51 and cudagraph_capture_sizes(1024, 8192)[-1] == 512
     assert cudagraph_capture_sizes(20, 8192) == [1, 2, 4, 8, 16, 24, 32, 40]
     assert cudagraph_count(20, 8192) == 8 + 5  # "PIECEWISE=8 (largest=40), FULL=5 (largest=16)"
+    # Since 0.28 a B200 (capability 10.0) captures up to 1024 tokens: 83 sizes, as the B200 plan counts them.
+    assert len(cudagraph_capture_sizes(1024, 8192, limit=1024)) == 83
+    b200 = plan(parse_spec({"model": "31b", "accelerator": {"kind": "b200", "count": 1}})).replicas[0].capacity
+    h200 = plan(parse_spec({"model": "31b", "accelerator": {"kind": "h200", "count": 1}})).replicas[0].capacity
+    assert (b200.profile.cudagraphs, h200.profile.cudagraphs) == (83 + 83, 51 + 51)
 
 
 def test_the_sampler_warm_up_dominates_at_large_batches_and_the_forward_at_small():
