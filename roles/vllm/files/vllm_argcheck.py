@@ -70,9 +70,30 @@ def check_argv(parser, serve, argv: list[str]) -> str | None:
         with contextlib.redirect_stdout(captured):
             serve.validate(args)  # validate_parsed_serve_args, as `vllm serve` runs it
             _check_parser_names(args)
+            _check_config_keys(args)
     except Exception as error:  # noqa: BLE001 - any rejection is reported, not raised
         return f"{type(error).__name__}: {error}"
     return None
+
+
+def _check_config_keys(args) -> None:
+    # The parser keeps some JSON config flags (--speculative-config) as plain dicts; the engine builds their config
+    # classes only when it starts, so an unknown key would fail a replica after its restart. Each VllmConfig field
+    # whose type is a config dataclass takes only that dataclass's fields.
+    import dataclasses
+    import typing
+
+    from vllm.config import VllmConfig
+
+    for name, hint in typing.get_type_hints(VllmConfig).items():
+        value = getattr(args, name, None)
+        config = next((t for t in typing.get_args(hint) or (hint,) if dataclasses.is_dataclass(t)), None)
+        if config is None or not isinstance(value, dict):
+            continue
+        known = {f.name for f in dataclasses.fields(config)}
+        if unknown := sorted(set(value) - known):
+            flag = "--" + name.replace("_", "-")
+            raise KeyError(f"{flag}: unknown key(s) {unknown}; {config.__name__} takes: {', '.join(sorted(known))}")
 
 
 def _check_parser_names(args) -> None:

@@ -29,6 +29,11 @@ ARGCHECK_CASES = {
     "unknown_tool_parser": (["google/gemma-4-31b-it", "--tool-call-parser", "gemma5", "--enable-auto-tool-choice"], False),
     "auto_tool_choice_without_parser": (["google/gemma-4-31b-it", "--enable-auto-tool-choice"], False),
     "bad_value": (["google/gemma-4-31b-it", "--max-model-len", "lots"], False),
+    "pinned_assistant": (["google/gemma-4-31b-it", "--speculative-config",
+                          '{"method":"mtp","model":"google/gemma-4-31B-it-assistant","revision":"' + "e" * 40 + '",'
+                          '"num_speculative_tokens":4}'], True),
+    "unknown_speculative_key": (["google/gemma-4-31b-it", "--speculative-config",
+                                 '{"method":"mtp","num_speculative_token":4}'], False),
 }  # fmt: skip
 
 
@@ -61,6 +66,13 @@ def test_argcheck_verdict(argcheck_run, case: str) -> None:
 def test_argcheck_names_the_unknown_flag(argcheck_run) -> None:
     _, results = argcheck_run
     assert "--gpu-memory-utilisation" in results["typo"]["error"]
+
+
+def test_argcheck_names_an_unknown_key_of_a_json_config_flag(argcheck_run) -> None:
+    """vLLM's parser keeps --speculative-config as a plain dict; the engine would refuse the key only at start."""
+    _, results = argcheck_run
+    error = results["unknown_speculative_key"]["error"]
+    assert "--speculative-config" in error and "num_speculative_token" in error and "num_speculative_tokens" in error
 
 
 def test_argcheck_exits_nonzero_when_any_argv_fails(argcheck_run) -> None:
