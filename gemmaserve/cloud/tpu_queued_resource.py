@@ -137,7 +137,11 @@ PERMISSION_REASONS = frozenset(
 # waited out for this long, then a permission failure like any other.
 ENABLEMENT_RETRY_SECONDS = 600
 TRANSIENT_STATUSES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "ABORTED"})
-TRANSIENT_RETRIES = 2
+# A transient refusal is retried in the same zone as Google's client libraries retry: truncated exponential
+# back-off with full jitter from 1 s, doubling, at most 60 s a wait, for 120 s in all (google-api-core's Retry
+# defaults, google/api_core/retry/retry_base.py; cloud.google.com/storage/docs/retry-strategy).
+TRANSIENT_RETRY_SECONDS = 120.0
+TRANSIENT_BACKOFF = (1.0, 60.0, 2.0)  # initial, maximum, multiplier
 _QUOTA = re.compile(r"\bquota\b", re.IGNORECASE)
 _QUOTA_NAME = re.compile(r"[Qq]uota (?:limit |metric )?'([^']+)'")
 # An accelerator type or provisioning model the zone does not sell: another zone may.
@@ -626,14 +630,21 @@ class QueuedResourceProvider(ResourceProvider):
             name = f"{parent}/queuedResources/{qr_id}"
             self._say(f"{qr_id}: requesting {props['accelerator_type']} ({candidate})")
             error = self._ensure_disk(api, props, candidate.zone) or self._create(api, name, props, candidate)
-            retries, enabled_by = 0, self.clock() + ENABLEMENT_RETRY_SECONDS
+            transient_until, enabled_by = (
+                self.clock() + TRANSIENT_RETRY_SECONDS,
+                self.clock() + ENABLEMENT_RETRY_SECONDS,
+            )
+            # Imported here: loading the module must not load Google's client libraries (they pull in google.auth).
+            from google.api_core.retry import exponential_sleep_generator
+
+            backoff = exponential_sleep_generator(*TRANSIENT_BACKOFF)
             while error is not None and (
-                (classify(error) == "transient" and retries < TRANSIENT_RETRIES)
+                (classify(error) == "transient" and self.clock() < transient_until)
                 or (classify(error) == "disabled" and self.clock() < enabled_by)
             ):
-                retries += classify(error) == "transient"
-                self._say(f"{qr_id}: {error.status} from the create ({error.message[:160]}); retrying")
-                self.sleep(self.poll_seconds)
+                wait = next(backoff) if classify(error) == "transient" else self.poll_seconds
+                self._say(f"{qr_id}: {error.status} from the create ({error.message[:160]}); retrying in {wait:.0f} s")
+                self.sleep(wait)
                 error = self._ensure_disk(api, props, candidate.zone) or self._create(api, name, props, candidate)
             if error is not None:
                 if error.status == "ALREADY_EXISTS":

@@ -849,6 +849,34 @@ def test_a_transient_refusal_is_retried_in_the_same_zone():
     assert (result.outs["zone"], result.outs["state"]) == (ZONES[0], "ACTIVE")
 
 
+def test_a_transient_refusal_that_persists_backs_off_as_googles_clients_do_then_moves_on(monkeypatch):
+    """Truncated exponential back-off with jitter for 120 s in the zone (google-api-core's Retry defaults), then the
+    next candidate: not a fixed number of fixed waits."""
+    import random
+
+    import gemmaserve.cloud.tpu_queued_resource as module
+
+    random.seed(7)
+    fake, messages = FakeTpu(), []
+    fake.zones[ZONES[0]] = Zone(refuse_create=ApiError(503, "UNAVAILABLE", "The service is currently unavailable."))
+    capacity(fake, ZONES[1])
+    waits = []
+    sleep = fake.clock.sleep
+
+    def recorded(seconds):
+        waits.append(seconds)
+        sleep(seconds)
+
+    qr = provider(fake, messages)
+    qr.sleep = recorded
+    assert qr.create(props()).outs["zone"] == ZONES[1]
+    retried = [m for m in messages if "UNAVAILABLE from the create" in m]
+    backoff = waits[: len(retried)]
+    assert len(retried) > 2 and len(set(backoff)) == len(backoff)  # jittered, not a fixed poll
+    assert all(w <= module.TRANSIENT_BACKOFF[1] for w in backoff)
+    assert module.TRANSIENT_RETRY_SECONDS <= sum(backoff) < module.TRANSIENT_RETRY_SECONDS + module.TRANSIENT_BACKOFF[1]
+
+
 # --- the node's data disk (issue 25 finding 4) -----------------------------------------------------
 
 DATA_DISK = {"type": "hyperdisk-balanced", "size_gb": 130}
