@@ -122,6 +122,53 @@ def check_world_serving_port(
     return problems
 
 
+def check_world_port_across_rules(
+    firewalls: Iterable[tuple[str, Mapping[str, Any]]], public_ports: Iterable[int] = ()
+) -> list[str]:
+    """The same judgement over every ingress rule of a network that reaches the same instances (same target tags and
+    service accounts) for the same protocol: the internet split over several rules, each below the bound, is still
+    the internet on every port they all open. `firewalls` is (name, props) of each firewall resource."""
+    allowed = set(public_ports)
+    groups: dict[tuple, list[tuple[str, list[str], list[tuple[int, int]] | None]]] = {}
+    for name, props in firewalls:
+        if props.get("direction", "INGRESS") != "INGRESS":
+            continue
+        reach = (
+            props.get("network"),
+            tuple(sorted(props.get("targetTags") or [])),
+            tuple(sorted(props.get("targetServiceAccounts") or [])),
+        )
+        for allow in props.get("allows") or []:
+            groups.setdefault((*reach, _protocol(allow)), []).append((name, ingress_sources(props), _ports(allow)))
+    problems = []
+    for (*_, protocol), entries in groups.items():
+        if len(entries) < 2 or all(internet_share(sources) > INTERNET_SHARE for _, sources, _ in entries):
+            continue  # one rule alone is judged by no-world-serving-port
+        # A port's sources: every rule whose ports cover it. Checking each range's first port finds every union.
+        starts = sorted({low for *_, spans in entries if spans for low, _ in spans}) or [None]
+        if any(spans is None for *_, spans in entries):
+            starts = [None, *starts]
+        for port in starts:
+            covering = [
+                (name, sources)
+                for name, sources, spans in entries
+                if spans is None or (port is not None and any(low <= port <= high for low, high in spans))
+            ]
+            if port in allowed or len(covering) < 2:
+                continue
+            if any(internet_share(each) > INTERNET_SHARE for _, each in covering):
+                continue  # already a violation of no-world-serving-port on its own
+            sources = sorted({s for _, each in covering for s in each})
+            if (share := internet_share(sources)) > INTERNET_SHARE:
+                what = "every port" if port is None else f"port {port}"
+                problems.append(
+                    f"rules {', '.join(n for n, _ in covering)} together open {protocol} {what} to "
+                    f"{', '.join(sources)} ({share:.0%} of the internet's addresses); allowed: publicPorts in the "
+                    "policy config"
+                )
+    return problems
+
+
 def check_flex_start_duration(resource_type: str, props: Mapping[str, Any]) -> list[str]:
     """Flex-start capacity must say when it ends (max run duration, at most 7 days)."""
     if resource_type == INSTANCE:
@@ -258,6 +305,12 @@ def validate_labels(args: ResourceValidationArgs, report: ReportViolation) -> No
     _report(check_labels(args.resource_type, args.props, required), report)
 
 
+def validate_world_port_across_rules(args: StackValidationArgs, report: ReportViolation) -> None:
+    firewalls = [(r.name, r.props) for r in args.resources if r.resource_type == FIREWALL]
+    public = (args.get_config() or {}).get("publicPorts", [])
+    _report(check_world_port_across_rules(firewalls, public), report)
+
+
 def validate_stack_outputs(args: StackValidationArgs, report: ReportViolation) -> None:
     # Validation sees secrets unwrapped, so this flags a token even in a secret output: hosts read the
     # token from Secret Manager, and no output needs it in any form.
@@ -328,6 +381,16 @@ POLICIES = [
         "no-plaintext-endpoint",
         "The endpoint is served over HTTPS only (no HTTP target proxy).",
         validate_plaintext_proxy,
+    ),
+    StackValidationPolicy(
+        name="no-world-port-across-rules",
+        description="Ingress rules reaching the same instances do not add up to a port open to the internet unless "
+        "the port is listed in publicPorts.",
+        validate=validate_world_port_across_rules,
+        enforcement_level=EnforcementLevel.MANDATORY,
+        config_schema=PolicyConfigSchema(
+            properties={"publicPorts": {"type": "array", "items": {"type": "integer"}, "default": []}}
+        ),
     ),
     StackValidationPolicy(
         name="no-plaintext-secret-outputs",

@@ -122,6 +122,29 @@ def test_a_port_opened_to_the_internet_on_purpose_is_named_in_the_config():
     )
 
 
+def across(*named_props, public=()):
+    return rules.check_world_port_across_rules(list(named_props), public)
+
+
+def test_the_internet_split_over_several_rules_is_the_internet():
+    """Each half of a /8 alone is below the bound (1/256 of the internet) and passes no-world-serving-port; together
+    the two rules open the port to the whole /8."""
+    low, high = firewall(["8.0.0.0/9"]), firewall(["8.128.0.0/9"])
+    assert not validate(rules.validate_world_serving_port, FIREWALL, low)
+    assert not validate(rules.validate_world_serving_port, FIREWALL, high)
+    (problem,) = across(("low", low), ("high", high))
+    assert "rules low, high together open tcp port 8080 to 8.0.0.0/9, 8.128.0.0/9" in problem
+    # A rule opening every port counts on each port another rule opens.
+    (problem,) = across(("all", firewall(["8.0.0.0/9"], ports=None)), ("high", high))
+    assert "port 8080" in problem
+    # Overlapping ranges meet where they overlap.
+    assert across(("a", firewall(["8.0.0.0/9"], ports=("8000-8100",))), ("b", high))
+    # Rules reaching different instances, other ports, a port opened on purpose: nothing to report.
+    assert not across(("low", low), ("high", {**high, "targetTags": ["other"]}))
+    assert not across(("low", low), ("high", firewall(["8.128.0.0/9"], ports=("9000",))))
+    assert not across(("low", low), ("high", high), public=[8080])
+
+
 def test_tagged_or_narrow_sources_are_not_the_internet():
     tagged = {"direction": "INGRESS", "sourceTags": ["lb"], "allows": [{"protocol": "tcp", "ports": ["8080"]}]}
     assert not validate(rules.validate_world_serving_port, FIREWALL, tagged)
@@ -257,6 +280,8 @@ def test_every_stack_passes_every_rule(stack):
         for rule in resource_rules:
             assert not validate(rule, resource.type, resource.inputs, protect=resource.protect), (resource.name, rule)
     assert not stack_outputs(run.outputs)
+    firewalls = [(r.name, r.inputs) for r in run.of_type(FIREWALL)]
+    assert firewalls and not rules.check_world_port_across_rules(firewalls)
 
 
 def test_pack_lists_every_rule():
@@ -271,4 +296,5 @@ def test_pack_lists_every_rule():
         "labels-present",
         "no-plaintext-endpoint",
         "no-plaintext-secret-outputs",
+        "no-world-port-across-rules",
     }
