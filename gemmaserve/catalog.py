@@ -494,13 +494,14 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator(
         # Ironwood: 192 GB HBM3E per chip; usable share assumed as on v6e (31.25 of 32). "Each Ironwood
         # (TPU7x) VM contains four chips" (cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood): an
-        # 8-chip slice spans two hosts. The type names' counts are not confirmed by Google's pages.
+        # 8-chip slice spans two hosts. tpu7x-8 names 8 TensorCores (two a chip), one 4-chip VM, as v5p's
+        # names count TensorCores (docs/google-cloud.md; Google's page does not spell it out).
         name="tpu-v7",
         vendor="google",
         memory_gib=187.5,
         interconnect="ici",
         max_devices_per_host=4,
-        tpu_types=tuple(TpuType(f"tpu7x-{c}", c, "v2-alpha-tpu7-ubuntu2404") for c in (4, 8)),
+        tpu_types=(TpuType("tpu7x-8", 4, "v2-alpha-tpu7-ubuntu2404"),),
     ),
     Accelerator(
         # The local sandbox: vLLM's CPU build. Its KV cache size is set explicitly

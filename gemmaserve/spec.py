@@ -179,7 +179,7 @@ class AcceleratorSpec(Strict):
         allowed = acc.valid_counts
         if self.count not in allowed:
             spans = ""
-            if acc.tpu_type_for(self.count):
+            if acc.is_tpu and self.count > acc.max_devices_per_host:
                 # A slice larger than one TPU VM is several hosts, each serving alone (gemmaserve.cloud.config).
                 hosts = -(-self.count // acc.max_devices_per_host)
                 spans = f" (a slice of {self.count} chips spans {hosts} VMs of {acc.max_devices_per_host} chips each)"

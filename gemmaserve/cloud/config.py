@@ -68,8 +68,9 @@ TPU_DATA_DISK_TYPES = {
 # several VMs, each a host with its own address (the node's networkEndpoints); a stack serves one host per
 # slice, so the spec refuses such a count (AcceleratorSpec, naming the VMs it would span).
 TPU_KINDS = tuple(a.name for a in CATALOG.accelerators if a.vendor == "google")
-# Sold only through GKE, not through the Cloud TPU API's queued resources this program uses: "To use
-# TPU7x, you must use Google Kubernetes Engine (GKE)" (cloud.google.com/tpu/docs/tpu7x; the queued
+# Not offered as the Cloud TPU API's queued resources this program uses: Google's TPU7x page said "To use
+# TPU7x, you must use Google Kubernetes Engine (GKE)" (cloud.google.com/tpu/docs/tpu7x; now it names GKE and
+# Compute Engine's TPU machine types, cloud.google.com/compute/docs/tpus/tpu-machines; the queued
 # resources page says the same, cloud.google.com/tpu/docs/queued-resources).
 GKE_ONLY_TPUS = {"tpu-v7": "https://cloud.google.com/tpu/docs/tpu7x"}
 # What the disk holds besides the checkpoint: the serving engine (a vLLM TPU container image or wheel venv;
@@ -516,8 +517,8 @@ def _cross_problems(spec: Spec, cloud: Cloud, region: str | None) -> list[str]:
             problems.append(f"cloud.hosts = {cloud.hosts}: a TPU stack is one queued slice; allowed: 1")
         if acc.name in GKE_ONLY_TPUS:
             problems.append(
-                f"accelerator.kind = {acc.name!r}: Ironwood (TPU7x) is sold through GKE only, not as the Cloud TPU"
-                " queued resources this program requests; allowed: "
+                f"accelerator.kind = {acc.name!r}: Ironwood (TPU7x) is offered through GKE and Compute Engine TPU "
+                "machine types, not as the Cloud TPU queued resources this program requests; allowed: "
                 f"{', '.join(k for k in TPU_KINDS if k not in GKE_ONLY_TPUS)} ({GKE_ONLY_TPUS[acc.name]})"
             )
         takes = TPU_DATA_DISK_TYPES.get(acc.name, ())

@@ -188,8 +188,9 @@ def test_tpu_zones_may_span_regions():
         ),
         (
             spec_raw("tpu-v7", 4, zones=["us-central1-c"]),
-            "accelerator.kind = 'tpu-v7': Ironwood (TPU7x) is sold through GKE only, not as the Cloud TPU queued"
-            " resources this program requests; allowed: tpu-v5e, tpu-v6e (https://cloud.google.com/tpu/docs/tpu7x)",
+            "accelerator.kind = 'tpu-v7': Ironwood (TPU7x) is offered through GKE and Compute Engine TPU machine types,"
+            " not as the Cloud TPU queued resources this program requests; allowed: tpu-v5e, tpu-v6e"
+            " (https://cloud.google.com/tpu/docs/tpu7x)",
         ),
         (
             spec_raw("tpu-v7", 8, zones=["us-central1-c"]),
