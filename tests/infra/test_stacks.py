@@ -11,6 +11,7 @@ import pytest
 from gemmaserve.plan import plan
 from gemmaserve.sources import load_stack_spec, stack_host_data, stack_prefix
 from gemmaserve.spec import SpecError
+from tests.infra.compute_facts import read_back_scratch_disks
 from tests.infra.conftest import (
     HF_TOKEN,
     PROJECT,
@@ -629,26 +630,6 @@ def test_a_slice_still_queued_after_up_declares_the_rest_without_its_address(sta
     assert run.outputs["hosts"][0]["internal_ip"] is None
     assert run.one("tls:index/certRequest:CertRequest").inputs.get("ipAddresses", []) == []
     assert run.outputs["endpoint"] is None
-
-
-# What Compute Engine attaches by itself and the provider reads back into scratch_disks: A2 Ultra, A3 and
-# A4 machine types come with a fixed number of 375 GB NVMe Local SSDs; G4 (and G2) come with none unless
-# asked (https://cloud.google.com/compute/docs/disks/local-ssd#lssd_disks_fixed,
-# https://cloud.google.com/compute/docs/disks/add-local-ssd). Written out here, not read from infra/.
-GOOGLE_ATTACHES = {
-    "a2-ultragpu-1g": 1,
-    "a3-highgpu-8g": 16,
-    "a3-ultragpu-8g": 32,
-    "a4-highgpu-8g": 32,
-    "g4-standard-384": 0,
-}
-
-
-def read_back_scratch_disks(machine_type: str, declared: list[dict]) -> list[tuple[str, int]]:
-    """What `pulumi refresh` finds: the bundle on machine types that have one, else what was declared."""
-    if GOOGLE_ATTACHES[machine_type]:
-        return [("NVME", 375)] * GOOGLE_ATTACHES[machine_type]
-    return [(d.get("interface", "SCSI"), d.get("size", 375)) for d in declared]
 
 
 @pytest.mark.parametrize("stack", GPU_STACKS)

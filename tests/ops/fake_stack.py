@@ -21,9 +21,9 @@ from typing import Any
 
 from gemmaserve.cloud.tpu_api import ApiError
 from gemmaserve.ops.capacity import INSTANCE, QUEUED, STACK, Clouds
+from tests.infra.compute_facts import GOOGLE_ATTACHES
 from tests.infra.conftest import run_program
 from tests.infra.discovery import COMPUTE
-from tests.infra.test_stacks import GOOGLE_ATTACHES
 
 LOCAL_SSD_GB = 375
 
@@ -45,7 +45,7 @@ class FakeCompute:
 
     def insert(self, project: str, name: str, inputs: dict[str, Any], status: str = "RUNNING") -> None:
         """The VM the Instance's inputs declare, as Compute Engine makes it: an A2 Ultra, A3 or A4 machine type
-        gets its fixed number of 375 GB NVMe Local SSDs whatever the request says (test_stacks.GOOGLE_ATTACHES,
+        gets its fixed number of 375 GB NVMe Local SSDs whatever the request says (compute_facts.GOOGLE_ATTACHES,
         https://cloud.google.com/compute/docs/disks/local-ssd#lssd_disks_fixed); others get what is declared."""
         zone, machine = inputs["zone"], inputs["machineType"]
         bundled = GOOGLE_ATTACHES[machine]  # a machine type the fake does not know is a KeyError, not a guess
