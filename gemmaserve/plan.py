@@ -222,29 +222,6 @@ class AdapterWeights:
 
 
 @dataclass(frozen=True)
-class AssistantWeights:
-    """The MTP assistant in the stack's bucket beside the model, at its pinned commit (weights.assistant_revision):
-    `gemmaserve weights mirror` copies it as it copies a model, the weights role pulls it before any replica
-    starts, and --speculative-config names the local copy (replicas serving the bucket run offline)."""
-
-    model_id: str
-    revision: str
-    prefix: str = ""
-
-    @property
-    def object_prefix(self) -> str:
-        return f"{self.prefix}{MIRROR_MODELS}/{self.model_id}/{self.revision}/"
-
-    @property
-    def manifest_object(self) -> str:
-        return f"{self.object_prefix}{MIRROR_MANIFEST}"
-
-    @property
-    def local_dir(self) -> str:
-        return f"{WEIGHTS_DIR}/{self.model_id}/{self.revision}"
-
-
-@dataclass(frozen=True)
 class WeightsPlan:
     """How the host gets the weights: "hub" (vLLM/HF download), "local" (a test model's directory),
     "pull" (one verified copy from the mirror before any replica starts) or "stream" (Run:ai streamer)."""
@@ -259,8 +236,10 @@ class WeightsPlan:
     # With weights from the hub, the pinned hub adapters as (repo id, commit): the weights role downloads each
     # snapshot before the model, with the same client and token (the argv names the snapshot: adapter_path).
     hub_adapters: tuple[tuple[str, str], ...] = ()
-    # With weights from the bucket and MTP: the assistant mirrored beside the model (None: no MTP, or not pinned).
-    assistant: AssistantWeights | None = None
+    # With weights from the bucket and MTP: the assistant, mirrored beside the model at its pinned commit
+    # (weights.assistant_revision) exactly as a model revision is, and pulled before any replica starts (with
+    # streamed weights too); --speculative-config names its local copy. None: no MTP, or not pinned.
+    assistant: WeightsPlan | None = None
     # A gs:// model: streamed from where it is (no mirror: bucket stays None).
     source_uri: str | None = None
 
@@ -285,7 +264,7 @@ class WeightsPlan:
         )
         assistant = None
         if spec.workload.speculative.method == "mtp" and model.mtp_assistant and weights.assistant_revision:
-            assistant = AssistantWeights(model.mtp_assistant, weights.assistant_revision, prefix)
+            assistant = WeightsPlan("pull", model.mtp_assistant, weights.assistant_revision, bucket, prefix)
         return WeightsPlan(weights.load, model.hf_id, weights.revision, bucket, prefix, adapters, assistant=assistant)
 
     def adapter(self, name: str) -> AdapterWeights | None:
@@ -1175,6 +1154,12 @@ def lora_slot_bytes(model: ModelInfo, tp: int, max_loras: int, max_rank: int) ->
     return elements * max_loras * max_rank * 2
 
 
+def replicas_offline(spec: Spec) -> bool:
+    """Whether replicas run with HF_HUB_OFFLINE=1: they serve a local directory, the mirror or a gs:// model, and
+    never reach for a hub (so nothing they would download from one can be served)."""
+    return spec.weights.source == "bucket" or spec.model_info.local_dir is not None or spec.model.startswith("gs://")
+
+
 def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
     """Adapters the replicas could not get. With weights from the bucket every adapter comes from it, mirrored at a
     pinned revision (WeightsPlan.adapters). With weights from the hub on the wheel engine, the weights role downloads
@@ -1182,7 +1167,7 @@ def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
     download of an id (vllm/lora/utils.py get_adapter_absolute_path) takes no revision and cannot run under
     HF_HUB_OFFLINE."""
     from_bucket = spec.weights.source == "bucket"
-    offline = from_bucket or spec.model_info.local_dir is not None or spec.model.startswith("gs://")
+    offline = replicas_offline(spec)
     problems = []
     for index, adapter in enumerate(adapters):
         field = f"serving.lora_adapters[{index}]"
@@ -1323,8 +1308,8 @@ def _env(spec: Spec, index: int, devices: list[int], key: str) -> dict[str, str]
     if spec.secret is not None and not from_bucket:
         # The token is a systemd credential on tmpfs; only its path is in the environment.
         env["HF_TOKEN_PATH"] = f"/run/credentials/vllm@{index}.service/hf-token"
-    if spec.model_info.local_dir or from_bucket or spec.model.startswith("gs://"):
-        env["HF_HUB_OFFLINE"] = "1"  # a local directory, the mirror or a gs:// model; never reach for a hub
+    if replicas_offline(spec):
+        env["HF_HUB_OFFLINE"] = "1"
     if acc.is_tpu:
         env["VLLM_TPU_BUCKET_PADDING_GAP"] = str(TPU_BUCKET_PADDING_GAP)
         env["VLLM_XLA_CACHE_PATH"] = f"{cache}/xla"
