@@ -83,15 +83,22 @@ def test_a_path_without_a_checkpoint_says_so(bucket, tmp_path):
     assert f"fetch: gs://{bucket.name}/nothing has no config.json" in result.stderr
 
 
-def test_what_a_bucket_checkpoint_cannot_be_given_is_named(bucket, tmp_path, monkeypatch):
+def planned_offline(uri: str, tmp_path: Path, monkeypatch) -> str:
+    """`uri`'s small files copied into a fresh planner copy (what `plan --fetch` leaves), for in-process planning."""
     import gemmaserve.checkpoint as checkpoint
+    from gemmaserve.ops.weights import storage_client
 
-    uri = upload_fine_tune(bucket, "tuned/x")
-    cache = tmp_path / "cache" / bucket.name / "tuned" / "x"
+    monkeypatch.setattr(checkpoint, "GCS_CACHE", tmp_path / "cache")
+    bucket_name, _, path = uri.removeprefix("gs://").partition("/")
+    cache = checkpoint.gcs_cache_dir(uri)
     cache.mkdir(parents=True)
     for name in ("config.json", "model.safetensors.index.json"):
-        (cache / name).write_bytes(bucket.blob(f"tuned/x/{name}").download_as_bytes())
-    monkeypatch.setattr(checkpoint, "GCS_CACHE", tmp_path / "cache")
+        (cache / name).write_bytes(storage_client().bucket(bucket_name).blob(f"{path}/{name}").download_as_bytes())
+    return uri
+
+
+def test_what_a_bucket_checkpoint_cannot_be_given_is_named(bucket, tmp_path, monkeypatch):
+    uri = planned_offline(upload_fine_tune(bucket, "tuned/x"), tmp_path, monkeypatch)
     base = {"model": uri, "accelerator": {"kind": "h100-80gb"}}
     assert parse_spec(base).model == uri
     cases = [
@@ -110,15 +117,9 @@ def test_what_a_bucket_checkpoint_cannot_be_given_is_named(bucket, tmp_path, mon
 def test_the_stack_grants_its_hosts_read_on_the_models_bucket(bucket, tmp_path, monkeypatch):
     """The Pulumi program under mocks: a non-authoritative objectViewer member on the model's bucket for the hosts'
     service account, and no mirror bucket."""
-    import gemmaserve.checkpoint as checkpoint
     from tests.infra.conftest import run_program, stack_config
 
-    uri = upload_fine_tune(bucket, "tuned/y")
-    cache = tmp_path / "cache" / bucket.name / "tuned" / "y"
-    cache.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors.index.json"):
-        (cache / name).write_bytes(bucket.blob(f"tuned/y/{name}").download_as_bytes())
-    monkeypatch.setattr(checkpoint, "GCS_CACHE", tmp_path / "cache")
+    uri = planned_offline(upload_fine_tune(bucket, "tuned/y"), tmp_path, monkeypatch)
     config = stack_config("h100")
     config["gemmaserve:model"] = uri
     config["gemmaserve:workload"] = {

@@ -16,6 +16,17 @@ def plan_for(bucket_name: str, revision: str, prefix: str = "team/") -> WeightsP
     return WeightsPlan("pull", "org/test-model", revision, bucket_name, prefix)
 
 
+def in_stack_project(tmp_path: Path, monkeypatch, config: dict) -> Path:
+    """A project directory holding stack x (Pulumi.x.yaml with `config`), made the working directory."""
+    import yaml
+
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    (project / "Pulumi.x.yaml").write_text(yaml.safe_dump({"config": config}))
+    monkeypatch.chdir(project)
+    return project
+
+
 def test_git_blob_sha1_is_gits_object_id(tmp_path):
     # `printf 'hello\n' | git hash-object --stdin` = ce013625030ba8dba906f756967f9e9ca394464a
     (tmp_path / "f").write_bytes(b"hello\n")
@@ -203,7 +214,6 @@ def test_a_quantized_checkpoint_mirrors_every_file_it_ships(bucket, tmp_path):
 def test_the_cli_mirrors_the_stacks_adapters_after_the_model(gcs_emulator, bucket, model_dir, tmp_path, monkeypatch):
     """`gemmaserve weights mirror --stack NAME`: the model, then each adapter the stack's spec names; a directory's
     revision is what `--resolve --from-dir` prints."""
-    import yaml
     from typer.testing import CliRunner
 
     from gemmaserve.ops.cli import app
@@ -221,10 +231,7 @@ def test_the_cli_mirrors_the_stacks_adapters_after_the_model(gcs_emulator, bucke
         "gemmaserve:weights": {"source": "bucket", "bucket": f"gs://{bucket.name}/team", "revision": revision},
         "gemmaserve:serving": {"lora_adapters": [{"name": "legal", "source": str(legal), "revision": tree}]},
     }
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "Pulumi.x.yaml").write_text(yaml.safe_dump({"config": config}))
-    monkeypatch.chdir(project)
+    in_stack_project(tmp_path, monkeypatch, config)
     result = runner.invoke(app, ["weights", "mirror", "--stack", "x", "--from-dir", str(model_dir)])
     assert result.exit_code == 0, result.output
     assert f"mirroring adapter legal ({legal})@{tree[:12]}: 3 files" in result.output
@@ -291,7 +298,6 @@ def test_a_quantized_hub_checkpoint_and_a_hub_adapter_mirror_by_id(bucket, tmp_p
 
     import huggingface_hub
     import huggingface_hub.constants
-    import yaml
     from typer.testing import CliRunner
 
     from gemmaserve.ops.cli import app
@@ -320,10 +326,7 @@ def test_a_quantized_hub_checkpoint_and_a_hub_adapter_mirror_by_id(bucket, tmp_p
             "lora_adapters": [{"name": "sql", "source": "my-org/sql-lora", "revision": adapter_sha}]
         },
     }
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "Pulumi.x.yaml").write_text(yaml.safe_dump({"config": config}))
-    monkeypatch.chdir(project)
+    in_stack_project(tmp_path, monkeypatch, config)
     result = CliRunner().invoke(app, ["weights", "mirror", "--stack", "x"])
     assert result.exit_code == 0, result.output
     assert "fetch: my-org/sql-lora adapter_config.json" in result.output
@@ -357,7 +360,6 @@ def test_the_cli_mirrors_the_mtp_assistant_beside_the_model_at_its_pin(bucket, t
     import json
 
     import huggingface_hub
-    import yaml
     from typer.testing import CliRunner
 
     from gemmaserve.ops.cli import app
@@ -384,10 +386,7 @@ def test_the_cli_mirrors_the_mtp_assistant_beside_the_model_at_its_pin(bucket, t
         "gemmaserve:weights": weights | {"assistant_revision": assistant_sha},
         "gemmaserve:workload": {"speculative": {"method": "mtp"}},
     }
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "Pulumi.x.yaml").write_text(yaml.safe_dump({"config": config}))
-    monkeypatch.chdir(project)
+    project = in_stack_project(tmp_path, monkeypatch, config)
     result = CliRunner().invoke(app, ["weights", "mirror", "--stack", "x"])
     assert result.exit_code == 0, result.output
     assert f"mirroring MTP assistant google/gemma-4-31B-it-assistant@{assistant_sha[:12]}" in result.output
@@ -401,7 +400,7 @@ def test_the_cli_mirrors_the_mtp_assistant_beside_the_model_at_its_pin(bucket, t
     assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == assistant.local_dir
     # A pin the hub does not hold: nothing of the assistant is copied, and the error names the pin.
     config["gemmaserve:weights"] = weights | {"assistant_revision": "f" * 40}
-    (project / "Pulumi.x.yaml").write_text(yaml.safe_dump({"config": config}))
+    in_stack_project(tmp_path, monkeypatch, config)
     result = CliRunner().invoke(app, ["weights", "mirror", "--stack", "x"])
     assert result.exit_code == 1 and "f" * 40 in result.output
     assert not list(bucket.list_blobs(prefix=f"team/models/google/gemma-4-31B-it-assistant/{'f' * 40}/"))
