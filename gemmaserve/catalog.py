@@ -55,8 +55,13 @@ class ModelInfo:
     # double-width MLP (use_double_wide_mlp).
     num_attention_heads: int | None = None
     intermediate_size: int | None = None
+    # Each routed expert's MLP width (text_config moe_intermediate_size): the shape of the expert LoRA buffers.
+    moe_intermediate_size: int | None = None
     per_layer_input_size: int = 0
     double_wide_mlp: bool = False
+    # A Gemma 4 Unified checkpoint (Gemma4UnifiedForConditionalGeneration: no vision or audio tower, raw patches
+    # and audio frames projected into the language model). None of the catalog's models is one.
+    unified: bool = False
     # Test models are built locally (`gemmaserve tiny-model`) and served from a directory.
     local_dir: str | None = None
     is_test_model: bool = False
@@ -100,8 +105,13 @@ class ModelInfo:
 #   so the flag does not halve the page size; an A100 user's "6.96x" (https://myoceane.fr/index.php/ai-vllm-a100-gemma-4/) only reproduces with both stored.
 # - Query heads and intermediate sizes: the released text_config as public checkpoint converters assert it
 #   (31B: num_attention_heads 32, intermediate_size 21504; E2B: 8 and 6144; E4B: intermediate_size 10240);
-#   E2B/E4B have hidden_size_per_layer_input 256, E2B use_double_wide_mlp true. 26B-A4B's and E4B's head
-#   counts were not found.
+#   E2B/E4B have hidden_size_per_layer_input 256, E2B use_double_wide_mlp true. E4B's num_attention_heads 8 and
+#   use_double_wide_mlp false: its config.json as a user saved it for offline loading
+#   (https://github.com/zaid-muslim/AI-Voice-agent-on-Prem-/blob/f3272401ed8c24748ab2ac3c56e541a98f48ac54/models/gemma-4-E4B-it/config.json).
+#   26B-A4B: num_attention_heads 16, intermediate_size 2112, moe_intermediate_size 704, in the published
+#   config.json of its base model and of NVIDIA's NVFP4 quantization of the -it model, as
+#   ai-dynamo/aiconfigurator vendors them (model_configs/google--gemma-4-26B-A4B_config.json at 095f58a,
+#   nvidia--Gemma-4-26B-A4B-NVFP4_config.json at 90f7fc0; https://github.com/ai-dynamo/aiconfigurator).
 # - Max context: model cards (128K for E2B/E4B, 256K for 31B/26B-A4B).
 # - Checkpoint bytes (hubs are unreachable here; every value is quoted by public sources, none measured):
 #   31B: model.safetensors.index.json metadata.total_size 62,546,177,752 (google/gemma-4-31B-it at
@@ -170,6 +180,7 @@ MODELS: tuple[ModelInfo, ...] = (
         vocab_size=262144,
         modalities=frozenset({"text", "image", "audio", "video"}),
         total_params_b=8.0,
+        num_attention_heads=8,
         intermediate_size=10240,
         per_layer_input_size=256,
     ),
@@ -213,6 +224,9 @@ MODELS: tuple[ModelInfo, ...] = (
         total_params_b=25.2,
         num_experts=128,
         experts_per_token=8,
+        num_attention_heads=16,
+        intermediate_size=2112,
+        moe_intermediate_size=704,
         mtp_assistant="google/gemma-4-26B-A4B-it-assistant",
         mtp_assistant_bytes=839_427_840,
         vision_tower_bytes=572_794_416 * 2,

@@ -25,9 +25,15 @@ GCS_CHECKPOINT = re.compile(r"gs://[a-z0-9][a-z0-9_-]{1,61}[a-z0-9](/[A-Za-z0-9.
 # Where `gemmaserve plan --fetch` keeps a gs:// checkpoint's small files (config.json, the weight index):
 # GCS_CACHE/<bucket>/<path>/<file>. Planning reads only this cache, never the network.
 GCS_CACHE = Path(os.environ.get("GEMMASERVE_GCS_CACHE", Path.home() / ".cache" / "gemmaserve" / "gcs"))
-# What vLLM 0.32.0 serves Gemma 4 checkpoints as (vllm/model_executor/models/registry.py at v0.32.0).
-GEMMA4_ARCHITECTURES = ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM")
-GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_text")
+# What vLLM 0.32.0 serves Gemma 4 checkpoints as (vllm/model_executor/models/registry.py at v0.32.0). The Unified
+# variant (encoder-free: patches and audio frames projected straight into the language model) runs the same
+# Gemma4ForCausalLM language model (models/gemma4_unified.py subclasses gemma4_mm's model), so its KV cache is
+# planned from its text_config like any other; vLLM serves it since 0.23.0 (vllm_releases rule gemma4_unified).
+UNIFIED_ARCHITECTURE = "Gemma4UnifiedForConditionalGeneration"
+GEMMA4_ARCHITECTURES = ("Gemma4ForConditionalGeneration", "Gemma4ForCausalLM", UNIFIED_ARCHITECTURE)
+GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_text", "gemma4_unified")
+# Model types whose language model's config is their text_config (the others are a text config themselves).
+MULTIMODAL_MODEL_TYPES = ("gemma4", "gemma4_unified")
 # The files planning reads; the weight index is absent from single-file checkpoints (E2B, E4B).
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -329,7 +335,7 @@ def _text_config(config: dict[str, Any], ref: CheckpointRef) -> dict[str, Any]:
             f"architectures = {architectures!r}; allowed: model_type {' or '.join(GEMMA4_MODEL_TYPES)} with "
             f"architecture {' or '.join(GEMMA4_ARCHITECTURES)}"
         )
-    text = config.get("text_config", config) if model_type == "gemma4" else config
+    text = config.get("text_config", config) if model_type in MULTIMODAL_MODEL_TYPES else config
     if not isinstance(text, dict):
         raise CheckpointError(f"{ref.describe()}: config.json text_config must be a JSON object")
     return text
@@ -419,6 +425,8 @@ def architecture(config: dict[str, Any], ref: CheckpointRef) -> dict[str, Any]:
     if config.get("audio_config"):
         modalities.add("audio")
     experts = text.get("num_experts") if text.get("enable_moe_block", text.get("num_experts")) else None
+    # vLLM's Gemma4DecoderLayer reads either name (gemma4.py, v0.32.0).
+    moe_width = text.get("moe_intermediate_size") or text.get("expert_intermediate_size")
     return {
         "num_layers": int(_field(text, "num_hidden_layers")),
         "full_every": _full_every(text),
@@ -435,8 +443,10 @@ def architecture(config: dict[str, Any], ref: CheckpointRef) -> dict[str, Any]:
         "experts_per_token": int(text["top_k_experts"]) if experts and text.get("top_k_experts") else None,
         "num_attention_heads": int(text["num_attention_heads"]) if text.get("num_attention_heads") else None,
         "intermediate_size": int(text["intermediate_size"]) if text.get("intermediate_size") else None,
+        "moe_intermediate_size": int(moe_width) if experts and moe_width else None,
         "per_layer_input_size": int(text.get("hidden_size_per_layer_input") or 0),
         "double_wide_mlp": bool(text.get("use_double_wide_mlp", False)),
+        "unified": UNIFIED_ARCHITECTURE in (config.get("architectures") or []),
     }
 
 
@@ -501,6 +511,7 @@ _ARCH_FIELDS = (
     "modalities",
     "num_experts",
     "experts_per_token",
+    "unified",
 )
 
 

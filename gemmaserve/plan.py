@@ -1132,9 +1132,14 @@ def lora_slot_bytes(model: ModelInfo, tp: int, max_loras: int, max_rank: int) ->
     LinearBase is wrapped, lora/utils.py get_supported_lora_modules). The layers are gemma4.py's: qkv_proj (q_proj
     alone in KV-shared layers), o_proj, gate_up_proj/down_proj (double width in KV-shared layers with
     use_double_wide_mlp), and with per-layer inputs per_layer_input_gate, per_layer_projection and the model's
-    per_layer_model_projection. Checked against vLLM's own buffers in tests/vllm. None for MoE models (expert
-    LoRA is not modelled) and where the head count or MLP width is unknown."""
-    if model.is_moe or model.num_attention_heads is None or model.intermediate_size is None:
+    per_layer_model_projection. MoE layers add the router's proj (replicated, hidden -> experts) and the experts'
+    buffers, one A and one B per expert for gate, up and down (lora/layers/fused_moe.py FusedMoEWithLoRA
+    _create_lora_a_weights/_create_lora_b_weights: Gemma 4's experts are gated, each split on the expert width
+    like the MLP). Checked against vLLM's own buffers in tests/vllm. None where the head count or an MLP width
+    is unknown."""
+    if model.num_attention_heads is None or model.intermediate_size is None:
+        return None
+    if model.is_moe and model.moe_intermediate_size is None:
         return None
     hidden, heads, ple = model.hidden_size, model.num_attention_heads, model.per_layer_input_size
     first_shared = model.num_layers - model.num_kv_shared_layers
@@ -1151,6 +1156,11 @@ def lora_slot_bytes(model: ModelInfo, tp: int, max_loras: int, max_rank: int) ->
         elements += mlp // tp + hidden  # down_proj (row-parallel)
         if ple:
             elements += 2 * (hidden + ple)  # per_layer_input_gate and per_layer_projection (replicated)
+        if model.is_moe:
+            experts, width = model.num_experts, model.moe_intermediate_size // tp
+            elements += hidden + experts  # router.proj (replicated)
+            elements += experts * (2 * hidden + width)  # A: gate and up read hidden, down reads the expert width
+            elements += experts * (2 * width + hidden)  # B: gate and up write the expert width, down hidden
     return elements * max_loras * max_rank * 2
 
 
@@ -1158,6 +1168,41 @@ def replicas_offline(spec: Spec) -> bool:
     """Whether replicas run with HF_HUB_OFFLINE=1: they serve a local directory, the mirror or a gs:// model, and
     never reach for a hub (so nothing they would download from one can be served)."""
     return spec.weights.source == "bucket" or spec.model_info.local_dir is not None or spec.model.startswith("gs://")
+
+
+def _unified_problems(spec: Spec) -> list[str]:
+    """A Gemma 4 Unified checkpoint needs a vLLM that knows its architecture, and is not planned on TPU:
+    tpu-inference 0.32.0 registers no JAX Gemma4UnifiedForConditionalGeneration (models/common/model_loader.py
+    _MODEL_REGISTRY), so it would fall back to vLLM's PyTorch model, whose KV accounting on TPU gemmaserve's
+    rules (tpu-inference's JAX Gemma 4) do not describe."""
+    model = spec.model_info
+    if not model.unified:
+        return []
+    if spec.accelerator_info.is_tpu:
+        return [
+            f"model: {spec.model} is a Gemma 4 Unified checkpoint (Gemma4UnifiedForConditionalGeneration), which "
+            "tpu-inference 0.32.0 has no JAX model for (models/common/model_loader.py registers "
+            "Gemma4ForConditionalGeneration and Gemma4ForCausalLM); allowed: a GPU accelerator for it"
+        ]
+    if not _release(spec).has("gemma4_unified"):
+        return [
+            f"engine.vllm_version: {spec.vllm_version} does not know {model.hf_id}'s architecture "
+            "Gemma4UnifiedForConditionalGeneration (vllm/model_executor/models/registry.py); allowed: 0.23.0 or later"
+        ]
+    return []
+
+
+# tpu-inference 0.32.0 runs Gemma 4 with its own JAX model: MODEL_IMPL_TYPE "auto" resolves an architecture
+# outside _VLLM_PREFERRED_ARCHITECTURES to flax_nnx (models/common/model_loader.py resolve_model_architecture), and
+# get_flax_model hands the runner no LoRA manager (lora_manager None), so with --enable-lora the runner's first step
+# (runner/lora_utils.py set_active_loras) has none to activate adapters with. Only vLLM-implemented models
+# (models/vllm/vllm_model_wrapper.py) take LoRA there.
+TPU_LORA_REFUSAL = (
+    "serving.lora_adapters: LoRA adapters cannot be served on TPU: tpu-inference 0.32.0 runs Gemma 4 with its JAX "
+    "model, which takes no LoRA adapters (models/common/model_loader.py get_flax_model: lora_manager None); "
+    "allowed: no adapters on a TPU accelerator (serve them on GPU, or merge an adapter into its base and serve "
+    "that fine-tune as `model`)"
+)
 
 
 def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
@@ -1408,6 +1453,9 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
             "(vllm/config/lora.py MaxLoRARanks, v0.32.0)"
         )
     result.refusals += _adapter_problems(spec, adapters)
+    if adapters and acc.is_tpu:
+        result.refusals.append(TPU_LORA_REFUSAL)
+    result.refusals += _unified_problems(spec)
     if (
         spec.workload.speculative.method == "mtp"
         and spec.weights.source == "bucket"
@@ -1422,10 +1470,8 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     if adapters and lora_slot_bytes(model, 1, len(adapters), _max_lora_rank(adapters)) is None:
         result.warnings.append(
             f"{len(adapters)} LoRA adapter(s) served: the memory vLLM reserves for LoRA slots is not counted in "
-            f"the KV-cache estimate for {model.hf_id} (counted for dense models whose head count and MLP width are known)"
+            f"the KV-cache estimate for {model.hf_id} (counted where the head count and MLP widths are known)"
         )
-    elif adapters and acc.is_tpu:
-        result.warnings.append("LoRA on TPU: tpu-inference's LoRA memory is not counted in the KV-cache estimate")
     if result.refusals:
         return result
     if spec.transformers_version is None:

@@ -39,6 +39,8 @@ The rules, and what each changes in the plan (gemmaserve/kv_cache.py applies the
 - consumed_memory_counted: since 0.27.0 the non-KV memory is everything the process took since its
   first snapshot (free-memory based) plus the profile run's transient peak, so runner buffers allocated
   after loading (V2's sampler penalty state) count; before, only weights + torch peak + non-torch growth.
+- gemma4_unified: since 0.23.0 vLLM serves Gemma 4 Unified checkpoints (Gemma4UnifiedForConditionalGeneration:
+  no vision or audio tower, the same Gemma 4 language model); before, their architecture is unknown to it.
 - gemma4_mtp_shares_kv: Gemma 4's MTP drafter owns no KV cache (all its layers read the target's), and
   with one MTP module vLLM keeps no extra sliding-window tokens (extra_retained_tokens = 0), so MTP
   leaves the accounting unchanged; ngram drafting has no layers at all.
@@ -68,6 +70,7 @@ RULE_TEXT = {
     "v2_runner_cudagraph_estimate": "return _profile_cudagraph_memory(self)",
     "consumed_memory_counted": "result.total_consumed + result.transient_peak_headroom",
     "blackwell_capture_1024": "1024 if current_platform.is_device_capability_family(100) else 512",
+    "gemma4_unified": '"Gemma4UnifiedForConditionalGeneration": (',
 }
 
 # Where each rule lives in the releases that do not cite it (the check that it is absent reads these).
@@ -90,6 +93,7 @@ RULE_FILES = {
     "v2_runner_cudagraph_estimate": ("vllm/v1/worker/gpu/model_runner.py",),
     "consumed_memory_counted": ("vllm/utils/mem_utils.py",),
     "blackwell_capture_1024": ("vllm/config/vllm.py",),
+    "gemma4_unified": ("vllm/model_executor/models/registry.py",),
 }
 
 # Release -> rule -> "path:line" in that release's `vllm` wheel.
@@ -156,6 +160,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
     "0.23.0": {
         "cudagraph_estimate_on": "vllm/envs.py:1979",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:409",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1161",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2545",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:967",
@@ -165,6 +170,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
     "0.24.0": {
         "cudagraph_estimate_on": "vllm/envs.py:1895",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:406",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1195",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2633",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:987",
@@ -174,6 +180,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
     "0.25.0": {
         "cudagraph_estimate_on": "vllm/envs.py:1932",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:393",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1195",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2655",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:987",
@@ -185,6 +192,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
     "0.25.1": {
         "cudagraph_estimate_on": "vllm/envs.py:1932",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:393",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1195",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2655",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:987",
@@ -197,6 +205,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_estimate_on": "vllm/envs.py:1987",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:502",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:406",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1224",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2693",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:1005",
@@ -210,6 +219,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_estimate_on": "vllm/envs.py:2019",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:514",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:410",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1248",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2777",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:1008",
@@ -223,6 +233,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_estimate_on": "vllm/envs.py:2019",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:514",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:410",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1248",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2777",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:1008",
@@ -237,6 +248,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_estimate_on": "vllm/envs.py:2094",
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:529",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:416",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1214",
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2582",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2821",
@@ -253,6 +265,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:567",
         "fit_check_holds_null_block": "vllm/v1/core/kv_cache_utils.py:2320",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:402",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1313",
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2698",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2937",
@@ -269,6 +282,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:582",
         "fit_check_holds_null_block": "vllm/v1/core/kv_cache_utils.py:2726",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:420",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1543",
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2730",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2969",
@@ -284,6 +298,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:635",
         "fit_check_holds_null_block": "vllm/v1/core/kv_cache_utils.py:2784",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:419",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1561",
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2858",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:3097",
@@ -299,6 +314,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:702",
         "fit_check_holds_null_block": "vllm/v1/core/kv_cache_utils.py:2631",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:414",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1470",
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2923",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:3162",
@@ -314,6 +330,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_on_rocm": "vllm/v1/worker/gpu_worker.py:709",
         "fit_check_holds_null_block": "vllm/v1/core/kv_cache_planning.py:1538",
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
+        "gemma4_unified": "vllm/model_executor/models/registry.py:428",
         "group_size": "vllm/v1/core/kv_cache_planning.py:524",
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2973",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:3216",

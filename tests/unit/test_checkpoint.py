@@ -533,19 +533,49 @@ def test_lora_buffers_come_out_of_the_kv_cache(tmp_path: Path) -> None:
     assert not [w for w in with_lora.warnings if "LoRA" in w]
 
 
+def test_lora_buffers_of_every_stock_model_are_counted(tmp_path: Path) -> None:
+    """E4B (per-layer inputs) and 26B-A4B (expert LoRA: one A and B per expert for gate, up and down) count like
+    the others; the formula is checked against vLLM's own buffers in tests/vllm. 26B-A4B's experts make its
+    buffers the largest per slot: over a GiB at rank 16."""
+    sql = adapter_dir(tmp_path, "gemma4-31b-lora-r16")
+    for alias, kind in (("e4b", "l4"), ("26b-a4b", "h100-80gb")):
+        spec = {"model": alias, "accelerator": {"kind": kind}}
+        plain = plan(parse_spec(spec)).replicas[0].capacity.available_kv_cache_gib
+        served = plan(parse_spec(spec | {"serving": {"lora_adapters": [{"name": "a", "source": str(sql)}]}}))
+        reserved = lora_slot_bytes(CATALOG.model(alias), 1, 1, 16) / 1024**3
+        assert served.replicas[0].capacity.available_kv_cache_gib == pytest.approx(plain - reserved, abs=1e-9)
+        assert not [w for w in served.warnings if "LoRA" in w], alias
+    moe, dense = lora_slot_bytes(CATALOG.model("26b-a4b"), 1, 1, 16), lora_slot_bytes(CATALOG.model("31b"), 1, 1, 16)
+    assert moe > 1024**3 > dense
+    # Only the expert width is split over tensor-parallel ranks (the A buffers read the whole hidden state).
+    assert 0.5 * moe < lora_slot_bytes(CATALOG.model("26b-a4b"), 2, 1, 16) < moe
+
+
+def test_lora_on_tpu_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """tpu-inference runs Gemma 4 with its JAX model, which takes no adapters: refused before anything is planned,
+    where the same adapter on a GPU plans."""
+    sql = adapter_dir(tmp_path, "gemma4-31b-lora-r16")
+    serving = {"lora_adapters": [{"name": "sql", "source": str(sql)}]}
+    tpu = plan(parse_spec({"model": "31b", "accelerator": {"kind": "tpu-v6e", "count": 8}, "serving": serving}))
+    assert not tpu.ok and not tpu.replicas
+    assert tpu.refusals[0].startswith("serving.lora_adapters: LoRA adapters cannot be served on TPU")
+    assert "get_flax_model" in tpu.refusals[0] and "allowed:" in tpu.refusals[0]
+    gpu = {"model": "31b", "accelerator": {"kind": "h100-80gb", "count": 2}, "serving": serving}
+    assert plan(parse_spec(gpu | {"serving": serving | {"tensor_parallel_size": 2}})).ok
+
+
 def test_lora_memory_not_derived_is_said(tmp_path: Path) -> None:
-    """E4B (its head count was not found) and 26B-A4B (expert LoRA): the plan says LoRA memory is not counted;
-    E2B's is counted."""
+    """A checkpoint whose config.json leaves out the head count: the plan says LoRA memory is not counted."""
+    config = stock_config("31b")
+    del config["text_config"]["num_attention_heads"]
+    model = checkpoint_dir(tmp_path / "ft", config, CATALOG.model("31b").checkpoint_bytes)
     sql = adapter_dir(tmp_path, "gemma4-31b-lora-r16")
     spec = {
-        "model": "e4b",
-        "accelerator": {"kind": "l4"},
+        "model": str(model),
+        "accelerator": {"kind": "h100-80gb"},
         "serving": {"lora_adapters": [{"name": "a", "source": str(sql)}]},
     }
-    assert lora_slot_bytes(CATALOG.model("e4b"), 1, 1, 16) is None
-    assert lora_slot_bytes(CATALOG.model("26b-a4b"), 1, 1, 16) is None
-    assert lora_slot_bytes(CATALOG.model("e2b"), 1, 1, 16) == 52_666_368
-    assert any("not counted" in w for w in plan(parse_spec(spec)).warnings)
+    assert any("LoRA" in w and "not counted" in w for w in plan(parse_spec(spec)).warnings)
 
 
 def test_adapter_errors_name_the_field(tmp_path: Path) -> None:
@@ -638,6 +668,65 @@ def test_cli_fetch_downloads_only_the_small_files(tmp_path: Path, monkeypatch) -
     asked.clear()
     assert CliRunner().invoke(app, ["plan", "--model", "31b", "--accelerator", "h200", "--fetch"]).exit_code == 0
     assert asked == []
+
+
+def published(name: str) -> dict:
+    return json.loads((FIXTURES / "published" / f"{name}.config.json").read_text())
+
+
+def test_published_e4b_config_is_the_catalog_e4b(tmp_path: Path) -> None:
+    """google/gemma-4-E4B-it's config.json as a user saved it (tests/unit/checkpoints/README.md): the catalog's E4B,
+    head count included, so a fine-tune of it plans exactly like it, LoRA buffers counted."""
+    info = CATALOG.model("e4b")
+    fields = architecture(published("google--gemma-4-E4B-it"), CheckpointRef(info.hf_id))
+    assert fields == {f: getattr(info, f) for f in fields}
+    root = checkpoint_dir(tmp_path / "e4b-ft", published("google--gemma-4-E4B-it"), info.checkpoint_bytes, True)
+    tuned = plan(parse_spec({"model": str(root), "accelerator": {"kind": "l4"}})).require_ok()
+    stock = plan(parse_spec({"model": "e4b", "accelerator": {"kind": "l4"}})).require_ok()
+    assert tuned.replicas[0].capacity == stock.replicas[0].capacity
+
+
+def test_published_unified_w4a16_checkpoint_plans_on_gpu_and_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
+    """A published Gemma 4 Unified checkpoint (Gemma4UnifiedForConditionalGeneration, 12B, encoder-free) quantized
+    W4A16 with compressed-tensors: planned from its own config.json on an L4; refused on TPU (tpu-inference has no
+    JAX model for it) and on a vLLM older than the one that added its architecture."""
+    config = published("zaid-muslim--gemma-4-12b-w4a16")
+    # The weights' bytes are a stand-in (no published index was found): 12B parameters at about 4.5 bits.
+    root = checkpoint_dir(tmp_path / "gemma-4-12b-w4a16", config, 7_000_000_000)
+    spec = {"model": str(root), "accelerator": {"kind": "l4"}}
+    result = plan(parse_spec(spec)).require_ok()
+    model = parse_spec(spec).model_info
+    assert model.unified and not any(same_architecture(model, m) for m in CATALOG.models)
+    assert (model.num_layers, model.hidden_size, model.num_attention_heads) == (48, 3840, 16)
+    assert result.quantization.method == "compressed-tensors" and result.quantization.scheme == "int4-w4a16"
+    assert result.replicas[0].capacity.kv_cache_tokens > 0
+    tpu = plan(parse_spec(spec | {"accelerator": {"kind": "tpu-v6e", "count": 4}}))
+    assert (
+        not tpu.ok
+        and tpu.refusals[0].startswith("model:")
+        and "Gemma4UnifiedForConditionalGeneration" in tpu.refusals[0]
+    )
+    old = plan(parse_spec(spec | {"engine": {"vllm_version": "0.22.1"}}))
+    assert not old.ok and any(r.startswith("engine.vllm_version: 0.22.1") for r in old.refusals)
+    assert plan(parse_spec(spec | {"engine": {"vllm_version": "0.23.0"}})).ok
+
+
+def test_published_unsloth_adapter_is_served_on_e2b(tmp_path: Path) -> None:
+    """A LoRA adapter as PEFT 0.18.1 saved it for Unsloth's E2B (tests/unit/checkpoints/README.md): rank 16 on the
+    attention and MLP projections; served under its name with vLLM's smallest rank that holds it."""
+    root = adapter_dir(tmp_path, "unsloth-gemma-4-e2b-lora-r16")
+    result = plan(
+        parse_spec(
+            {
+                "model": "e2b",
+                "accelerator": {"kind": "l4"},
+                "serving": {"lora_adapters": [{"name": "pog", "source": str(root)}]},
+            }
+        )
+    ).require_ok()
+    assert [(a.rank, "q_proj" in a.target_modules) for a in result.adapters] == [(16, True)]
+    argv = result.replicas[0].argv
+    assert argv[argv.index("--max-lora-rank") + 1] == "16" and f"pog={root}" in argv[argv.index("--lora-modules") + 1]
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,8 @@ def test_lora_ranks_are_vllms(verdicts) -> None:
         ("gemma4-31b-lora-r48-pattern@64", True),
         ("gemma4-31b-lora-r48-pattern@32", False),  # rank_pattern's 48 counts: why the plan asks for 64
         ("gemma4-dora@64", False),  # DoRA: gemmaserve refuses it at the spec as well
+        ("unsloth-gemma-4-e2b-lora-r16@64", True),  # published (tests/unit/checkpoints/README.md)
+        ("unsloth-gemma-4-e2b-lora-r16@32", True),
     ],
 )
 def test_vllm_accepts_the_adapters_gemmaserve_accepts(verdicts, case: str, accepted: bool) -> None:
@@ -182,9 +184,14 @@ def test_planned_lora_flags_pass_vllms_parser(vllm_python: Path, tmp_path: Path)
 CONFIG_JUDGE = r"""
 import json, sys
 from transformers import Gemma4Config, Gemma4TextConfig
+from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedConfig
 out = {}
 for name, cfg in json.load(sys.stdin).items():
-    text = Gemma4Config(**cfg).text_config if cfg.get("model_type") == "gemma4" else Gemma4TextConfig(**cfg)
+    kind = cfg.get("model_type")
+    if kind in ("gemma4", "gemma4_unified"):
+        text = (Gemma4Config if kind == "gemma4" else Gemma4UnifiedConfig)(**cfg).text_config
+    else:
+        text = Gemma4TextConfig(**cfg)
     layers = text.per_layer_config
     out[name] = {
         "kinds": ["full" if k == "full_attention" else "sliding" for k in text.layer_types],
@@ -265,6 +272,24 @@ from vllm.config import LoRAConfig, ModelConfig, VllmConfig, set_current_vllm_co
 from vllm.distributed import init_distributed_environment, initialize_model_parallel
 from vllm.lora.model_manager import LoRAModelManager
 from vllm.model_executor.model_loader.utils import get_model_architecture
+from vllm.lora.layers import fused_moe
+
+# The CPU build has no LoRA-capable fused-MoE kernel: FusedMoEWithLoRA.__init__ fails its kernel check ("Old-style
+# modular kernel not supported") after setting everything the buffers' shapes depend on, and set_mapping hands the
+# buffers to that kernel. Both are let through here; create_lora_weights, which allocates them, runs as shipped.
+_init, _set_mapping = fused_moe.FusedMoEWithLoRA.__init__, fused_moe.FusedMoEWithLoRA.set_mapping
+def _init_without_kernel(self, base_layer):
+    try:
+        _init(self, base_layer)
+    except RuntimeError as error:
+        if "modular kernel" not in str(error):
+            raise
+def _set_mapping_without_kernel(self, punica_wrapper):
+    if "_moe_kernel" in vars(self):
+        return _set_mapping(self, punica_wrapper)
+    self.punica_wrapper = punica_wrapper
+fused_moe.FusedMoEWithLoRA.__init__ = _init_without_kernel
+fused_moe.FusedMoEWithLoRA.set_mapping = _set_mapping_without_kernel
 
 out = {}
 started = False
@@ -281,12 +306,16 @@ for case in json.load(sys.stdin):
         model = get_model_architecture(model_config)[0](vllm_config=vllm_config)
         # The manager wraps the model's layers and allocates every adapter slot, as load_lora_model does.
         LoRAModelManager(model, 4, 64, model_config.get_vocab_size(), lora_config, torch.device("cpu"), vllm_config)
-    total = 0
+    # Every LoRA buffer a wrapped layer holds (lora_a_stacked, w13_lora_b_stacked, ...), counted once per storage:
+    # the MoE wrapper's lora_a_stacked/lora_b_stacked lists are views into its w13_/w2_ buffers.
+    storages = {}
     for module in model.modules():
-        for name in ("lora_a_stacked", "lora_b_stacked"):
-            tensors = getattr(module, name, None) or ()
-            total += sum(t.numel() * t.element_size() for t in tensors)
-    out[case["name"]] = total
+        for name, value in vars(module).items():
+            if name.endswith("lora_a_stacked") or name.endswith("lora_b_stacked"):
+                for tensor in value if isinstance(value, (list, tuple)) else (value,):
+                    storage = tensor.untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+    out[case["name"]] = sum(storages.values())
 print(json.dumps(out))
 """
 
@@ -316,6 +345,12 @@ LORA_CASES = {
     "k-eq-v": ({}, 2, 16),
     "plain-attention": ({"attention_k_eq_v": False, "num_hidden_layers": 12, "intermediate_size": 96}, 1, 8),
     "wide": ({"num_attention_heads": 8, "num_key_value_heads": 4, "layer_types": None}, 3, 64),
+    # The 26B-A4B form: a dense MLP beside routed experts, each expert's gate, up and down with LoRA buffers
+    "experts": (
+        {"enable_moe_block": True, "num_experts": 8, "top_k_experts": 2, "moe_intermediate_size": 32},
+        2,
+        8,
+    ),
     # The E2B form: per-layer input embeddings, KV-shared layers with q_proj alone and a double-width MLP
     "per-layer-inputs": (
         {
