@@ -1135,8 +1135,9 @@ def lora_slot_bytes(model: ModelInfo, tp: int, max_loras: int, max_rank: int) ->
     per_layer_model_projection. MoE layers add the router's proj (replicated, hidden -> experts) and the experts'
     buffers, one A and one B per expert for gate, up and down (lora/layers/fused_moe.py FusedMoEWithLoRA
     _create_lora_a_weights/_create_lora_b_weights: Gemma 4's experts are gated, each split on the expert width
-    like the MLP). Checked against vLLM's own buffers in tests/vllm. None where the head count or an MLP width
-    is unknown."""
+    like the MLP). A vision tower's and embedder's linear layers get none (no PunicaWrapper matches them), with or
+    without a tower (Unified checkpoints). Checked against vLLM's own buffers in tests/vllm. None where the head
+    count or an MLP width is unknown."""
     if model.num_attention_heads is None or model.intermediate_size is None:
         return None
     if model.is_moe and model.moe_intermediate_size is None:

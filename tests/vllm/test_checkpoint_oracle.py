@@ -345,6 +345,8 @@ LORA_CASES = {
     "k-eq-v": ({}, 2, 16),
     "plain-attention": ({"attention_k_eq_v": False, "num_hidden_layers": 12, "intermediate_size": 96}, 1, 8),
     "wide": ({"num_attention_heads": 8, "num_key_value_heads": 4, "layer_types": None}, 3, 64),
+    "with-vision-tower": ({}, 1, 8),
+    "unified": ({}, 2, 16),
     # The 26B-A4B form: a dense MLP beside routed experts, each expert's gate, up and down with LoRA buffers
     "experts": (
         {"enable_moe_block": True, "num_experts": 8, "top_k_experts": 2, "moe_intermediate_size": 32},
@@ -367,12 +369,59 @@ LORA_CASES = {
 }
 
 
+# The multimodal forms, around the same small language model: vLLM wraps only the language model's layers (the
+# vision tower's and embedder's linears get no LoRA buffers: no PunicaWrapper matches them).
+TINY_VISION = {
+    "model_type": "gemma4_vision",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "patch_size": 16,
+    "pooling_kernel_size": 3,
+    "position_embedding_size": 256,
+    "default_output_length": 70,
+}
+TINY_UNIFIED_VISION = {
+    "model_type": "gemma4_unified_vision",
+    "mm_embed_dim": TINY_TEXT["hidden_size"],
+    "mm_posemb_size": 64,
+    "model_patch_size": 48,
+    "num_soft_tokens": 70,
+    "output_proj_dims": TINY_TEXT["hidden_size"],
+    "patch_size": 16,
+    "pooling_kernel_size": 3,
+}
+MULTIMODAL = {
+    # name: (architecture, model_type, the text config's model_type, vision_config)
+    "with-vision-tower": ("Gemma4ForConditionalGeneration", "gemma4", "gemma4_text", TINY_VISION),
+    "unified": ("Gemma4UnifiedForConditionalGeneration", "gemma4_unified", "gemma4_unified_text", TINY_UNIFIED_VISION),
+}
+
+
+def lora_case_config(name: str, changes: dict) -> dict:
+    text = {k: v for k, v in (TINY_TEXT | changes).items() if v is not None}
+    if name not in MULTIMODAL:
+        return text
+    architecture, model_type, text_type, vision = MULTIMODAL[name]
+    tokens = {"image_token_id": 19, "boi_token_id": 17, "eoi_token_id": 18, "video_token_id": 23}
+    text = {k: v for k, v in text.items() if k != "architectures"} | {"model_type": text_type}
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "text_config": text,
+        "vision_config": vision,
+    } | tokens
+
+
 @pytest.fixture(scope="module")
 def lora_verdicts(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     cases = []
     for name, (changes, max_loras, rank) in LORA_CASES.items():
         root = tmp_path_factory.mktemp(name)
-        (root / "config.json").write_text(json.dumps({k: v for k, v in (TINY_TEXT | changes).items() if v is not None}))
+        (root / "config.json").write_text(json.dumps(lora_case_config(name, changes)))
         cases.append({"name": name, "dir": str(root), "max_loras": max_loras, "rank": rank, "port": 29571})
     proc = subprocess.run(
         [str(vllm_python), "-c", LORA_JUDGE], input=json.dumps(cases), capture_output=True, text=True, timeout=300
