@@ -1,5 +1,5 @@
 """Checkpoints users bring, built from the tiny Gemma 4 TEST model: a fine-tune, INT8 W8A8 and AWQ quantizations, a LoRA
-adapter."""
+adapter, and the same language model as a Gemma 4 Unified checkpoint."""
 
 # Like tiny_model.py this runs under the vLLM CPU venv's python (stdlib + torch + safetensors, no gemmaserve
 # imports); called from an interpreter without torch, it re-executes itself there. Each variant is derived from
@@ -26,8 +26,10 @@ WEIGHTS = "model.safetensors"
 # w8a8: compressed-tensors INT8 W8A8 (int8 per-channel weights, dynamic per-token int8 activations).
 # awq: AWQ 4-bit weights (GEMM packing, zero points, groups of AWQ_GROUP_SIZE), 16-bit activations.
 # lora: a PEFT LoRA adapter on every language-model projection.
-VARIANTS = ("fine-tune", "w8a8", "awq", "lora")
-SEEDS = {"fine-tune": 1, "w8a8": 0, "awq": 0, "lora": 2}
+# unified: transformers' Gemma4UnifiedForConditionalGeneration (no vision tower: patches projected straight into the
+#   language model) around the tiny model's own language-model weights, with its Unified processor.
+VARIANTS = ("fine-tune", "w8a8", "awq", "lora", "unified")
+SEEDS = {"fine-tune": 1, "w8a8": 0, "awq": 0, "lora": 2, "unified": 3}
 
 # The language model's linear layers, as the Hugging Face checkpoint names them (transformers' Gemma4TextAttention
 # and Gemma4TextMLP); vLLM 0.32.0's gemma4.py packs q/k/v into qkv_proj and gate/up into gate_up_proj.
@@ -187,7 +189,9 @@ def _build(variant: str, base: Path, out: Path, log: Log) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     weights = load_file(base / WEIGHTS)
     generator = torch.Generator().manual_seed(SEEDS[variant])
-    if variant == "lora":
+    if variant == "unified":
+        _unified(weights, base, out, log)
+    elif variant == "lora":
         config, tensors = _lora(weights, base, generator)
         (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, out / "adapter_model.safetensors", metadata={"format": "pt"})
@@ -212,8 +216,15 @@ def _build(variant: str, base: Path, out: Path, log: Log) -> Path:
             log(f"awq: {quantized} linear layers to 4 bits in groups of {AWQ_GROUP_SIZE} with zero points")
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, out / WEIGHTS, metadata={"format": "pt"})
-    what = {"fine-tune": " (a fine-tune)", "w8a8": " (INT8 W8A8)", "awq": " (AWQ 4-bit)", "lora": "'s LoRA adapter"}
-    kind = {"lora": "a LoRA adapter", "fine-tune": "a fine-tune"}.get(variant, "a quantized checkpoint")
+    what = {
+        "fine-tune": " (a fine-tune)",
+        "w8a8": " (INT8 W8A8)",
+        "awq": " (AWQ 4-bit)",
+        "lora": "'s LoRA adapter",
+        "unified": " (Gemma 4 Unified)",
+    }
+    kinds = {"lora": "a LoRA adapter", "fine-tune": "a fine-tune", "unified": "a Gemma 4 Unified checkpoint"}
+    kind = kinds.get(variant, "a quantized checkpoint")
     (out / "README.md").write_text(
         README.format(name=out.name.removesuffix(".building"), what=what[variant], kind=kind)
     )
@@ -238,6 +249,61 @@ def _build(variant: str, base: Path, out: Path, log: Log) -> Path:
         path.chmod(0o644)
     log(f"{variant}: written")
     return out
+
+
+def _unified(weights: dict, base: Path, out: Path, log: Log) -> None:
+    """The tiny model's language model as a Gemma 4 Unified checkpoint: transformers' Gemma4UnifiedConfig around the
+    base's text_config (its vision embedder sized to it, no audio), the base's language-model tensors, the embedder
+    randomly initialised; a Gemma4UnifiedProcessor with the base's tokenizer and chat template."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig
+    from transformers.models.gemma4_unified import (
+        Gemma4UnifiedAudioFeatureExtractor,
+        Gemma4UnifiedImageProcessor,
+        Gemma4UnifiedProcessor,
+        Gemma4UnifiedVideoProcessor,
+    )
+    from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedConfig
+    from transformers.models.gemma4_unified.modeling_gemma4_unified import Gemma4UnifiedForConditionalGeneration
+
+    source = json.loads((base / "config.json").read_text())
+    text = source["text_config"]
+    soft_tokens = json.loads((base / "processor_config.json").read_text())["image_seq_length"]
+    tokens = ("image_token_id", "boi_token_id", "eoi_token_id", "video_token_id", "audio_token_id", "boa_token_id")
+    config = Gemma4UnifiedConfig(
+        text_config={**text, "model_type": "gemma4_unified_text"},
+        # A 64-entry position table per axis: a 1,024-pixel image in 16-pixel patches (the default is 1,120).
+        vision_config={
+            "mm_embed_dim": text["hidden_size"],
+            "output_proj_dims": text["hidden_size"],
+            "mm_posemb_size": 64,
+            "num_soft_tokens": soft_tokens,
+        },
+        audio_config=None,
+        eos_token_id=source["eos_token_id"],
+        tie_word_embeddings=source.get("tie_word_embeddings", True),
+        **{key: source[key] for key in tokens if key in source},
+    )
+    torch.manual_seed(SEEDS["unified"])
+    model = Gemma4UnifiedForConditionalGeneration(config).to(torch.bfloat16).eval()
+    language = {name: tensor for name, tensor in weights.items() if _is_language(name)}
+    missing = [name for name in language if name not in model.state_dict()]
+    if missing:
+        raise RuntimeError(f"unified: the Unified model has no {missing[:3]}")
+    model.load_state_dict(language, strict=False)
+    model.generation_config = GenerationConfig.from_pretrained(base)
+    model.save_pretrained(out, safe_serialization=True)
+    template = (base / "chat_template.jinja").read_text()
+    Gemma4UnifiedProcessor(
+        feature_extractor=Gemma4UnifiedAudioFeatureExtractor(),
+        image_processor=Gemma4UnifiedImageProcessor(max_soft_tokens=soft_tokens),
+        tokenizer=AutoTokenizer.from_pretrained(base),
+        video_processor=Gemma4UnifiedVideoProcessor(max_soft_tokens=soft_tokens),
+        chat_template=template,
+        image_seq_length=soft_tokens,
+    ).save_pretrained(out)
+    (out / "chat_template.jinja").write_text(template)
+    log(f"unified: {len(language)} language-model tensors of the base in Gemma4UnifiedForConditionalGeneration")
 
 
 def _is_language(name: str) -> bool:

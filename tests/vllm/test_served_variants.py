@@ -1,6 +1,7 @@
 """The checkpoints users bring, served for real by vLLM's CPU build from gemmaserve's plan: a fine-tune of the tiny
 test model under its own name with a LoRA adapter beside it, an INT8 W8A8 (compressed-tensors) and an AWQ 4-bit
-quantization. vLLM's own code first judges that the quantized weights decode to the model's.
+quantization, and the same language model as a Gemma 4 Unified checkpoint. vLLM's own code first judges that the
+quantized weights decode to the model's.
 
 Each server runs exactly the plan's argv and environment (the venv's bin first on PATH, so the plan's `vllm` is the
 venv's), bound to 127.0.0.1 on a free port, one at a time, stopped by its recorded PID; the OpenAI SDK asks it.
@@ -31,7 +32,7 @@ from gemmaserve.sources import spec_from_host_data
 
 pytestmark = pytest.mark.vllm
 
-FINE_TUNE, ADAPTER = "tiny-gemma4-ft", "tiny-gemma4-lora"
+FINE_TUNE, ADAPTER, UNIFIED = "tiny-gemma4-ft", "tiny-gemma4-lora", "tiny-gemma4-unified"
 # Each quantized variant: its directory, what the plan reads from it, vLLM's method in its engine config line and the
 # kernel its CPU build logs choosing (compressed-tensors: kernels/linear/__init__.py; AWQ: auto_awq.py).
 QUANTIZED = {
@@ -60,13 +61,18 @@ ORDINALS = ("first", "second", "third")
 
 @pytest.fixture(scope="module")
 def variants(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The three variants of the tiny test model, built once per recipe next to it (a temporary directory where that
+    """The variants of the tiny test model, built once per recipe next to it (a temporary directory where that
     is not writable)."""
     if not (TINY_MODEL_DIR / "gemmaserve_test_model.json").is_file():
         build_tiny_model(TINY_MODEL_DIR)
     root = TINY_MODEL_DIR.parent if os.access(TINY_MODEL_DIR.parent, os.W_OK) else tmp_path_factory.mktemp("variants")
     built = {}
-    names = {"fine-tune": FINE_TUNE, "lora": ADAPTER, **{variant: q[0] for variant, q in QUANTIZED.items()}}
+    names = {
+        "fine-tune": FINE_TUNE,
+        "lora": ADAPTER,
+        "unified": UNIFIED,
+        **{variant: q[0] for variant, q in QUANTIZED.items()},
+    }
     for variant, name in names.items():
         start = time.perf_counter()
         built[name], fresh = ensure_variant(variant, TINY_MODEL_DIR, root / name, log=lambda line: print(f"    {line}"))
@@ -227,6 +233,26 @@ def test_quantized_checkpoint_is_served_quantized(
     # vLLM's engine config line names the method it detected; the kernel line names the CPU GEMM it runs.
     assert f"quantization={vllm_method}," in log, log_tail(tmp_path / "vllm.log")
     assert kernel_line in log, log_tail(tmp_path / "vllm.log")
+    assert kv_cache_tokens(tmp_path / "vllm.log") == replica.capacity.kv_cache_tokens
+
+
+def test_unified_checkpoint_is_served_and_planned_like_its_language_model(
+    variants: dict[str, Path], vllm_python: Path, tmp_path: Path
+) -> None:
+    """A Gemma 4 Unified checkpoint (no vision tower) planned from its own config.json: vLLM resolves the Unified
+    architecture, answers, and its KV cache is the plan's, the same as the tiny model's whose language model it holds."""
+    planned = served_plan(variants[UNIFIED])
+    replica = planned.replicas[0]
+    assert planned.model.unified and planned.quantization is None and not planned.warnings, planned.warnings
+    assert replica.capacity.kv_cache_tokens == served_plan(TINY_MODEL_DIR).replicas[0].capacity.kv_cache_tokens
+    with serving(replica, vllm_python, tmp_path / "vllm.log") as ready:
+        print(f"[figure] {UNIFIED}: vLLM CPU ready in {ready:.1f} s")
+        assert served_models(replica) == {UNIFIED}
+        status, answer, seconds = ask(replica, UNIFIED)
+        print(f"[figure] {UNIFIED}: chat completion of 8 tokens in {seconds:.2f} s (first request)")
+        assert status == 200 and answer.model == UNIFIED and answer.usage.completion_tokens > 0
+    log = (tmp_path / "vllm.log").read_text()
+    assert "Resolved architecture: Gemma4UnifiedForConditionalGeneration" in log, log_tail(tmp_path / "vllm.log")
     assert kv_cache_tokens(tmp_path / "vllm.log") == replica.capacity.kv_cache_tokens
 
 
