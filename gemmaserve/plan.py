@@ -315,6 +315,8 @@ class Capacity:
     # GPU plans from the hardware: what vLLM takes besides the checkpoint and the KV cache (gemmaserve.kv_cache), the
     # part derived from vLLM's source and the margin for what only the GPU measures.
     profile: GpuProfile | None = None
+    # GPU plans from the hardware: the LoRA slots' buffers per GPU, taken out of the KV cache (lora_slot_bytes).
+    lora_slots_gib: float = 0.0
     # --max-num-seqs as the engine resolves it: the most requests vLLM runs at once.
     max_num_seqs: int = 0
     # Tokens a prefix-cache hit is a multiple of (gemmaserve.kv_cache.KvLayout.prefix_cache_block): what a
@@ -699,6 +701,7 @@ class Plan:
                     "num_blocks": r.capacity.num_blocks,
                     "kv_cache_accounting": r.capacity.accounting,
                     "memory_margin_gib": round(r.capacity.profile.margin, 2) if r.capacity.profile else None,
+                    "lora_slots_gib": round(r.capacity.lora_slots_gib, 2),
                 }
                 for r in self.replicas
             ],
@@ -841,17 +844,22 @@ def _gpu_profile(spec: Spec, tp: int, mnbt: int, release: VllmRelease) -> GpuPro
 
 def _available_kv_gib(spec: Spec, tp: int, weights_gib: float, mnbt: int, release: VllmRelease) -> float:
     """KV-cache memory per device from the hardware, as the release's worker measures it."""
-    model, acc, wl = spec.model_info, spec.accelerator_info, spec.workload
+    acc, wl = spec.accelerator_info, spec.workload
     if acc.is_cpu:
         return wl.cpu_kv_cache_gib
     if acc.is_tpu:
         # tpu_worker.determine_available_memory: (HBM limit x utilization - HBM in use) over the chips.
         return acc.memory_gib * wl.gpu_memory_utilization - weights_gib - TPU_RUNTIME_GIB
     available = acc.memory_gib * wl.gpu_memory_utilization - weights_gib - _gpu_profile(spec, tp, mnbt, release).total
-    if spec.serving.lora_adapters:
-        # Allocated while the model loads, so part of "Model loading took" and not available to the KV cache.
-        available -= (lora_slot_bytes(model, tp, len(spec.adapters), _max_lora_rank(spec.adapters)) or 0) / GiB
-    return available
+    return available - _lora_slots_gib(spec, tp)
+
+
+def _lora_slots_gib(spec: Spec, tp: int) -> float:
+    """GiB per GPU of the adapters' LoRA slots (lora_slot_bytes): allocated while the model loads, so part of "Model
+    loading took" and not available to the KV cache. 0 without adapters, off GPUs, and where it is not derived."""
+    if not spec.serving.lora_adapters or not spec.accelerator_info.is_gpu:
+        return 0.0
+    return (lora_slot_bytes(spec.model_info, tp, len(spec.adapters), _max_lora_rank(spec.adapters)) or 0) / GiB
 
 
 def _size(spec: Spec, tp: int, kv_dtype: str, max_model_len: int, available_kv_gib: float | None) -> _Sizing:
@@ -1532,6 +1540,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
         block_size=chosen.block,
         max_num_batched_tokens=chosen.max_num_batched_tokens,
         profile=chosen.profile,
+        lora_slots_gib=_lora_slots_gib(spec, tp) if available_kv_gib is None else 0.0,
         max_num_seqs=_engine_max_num_seqs(spec, _release(spec)),
         prefix_cache_block=chosen.capacity.prefix_cache_block,
     )

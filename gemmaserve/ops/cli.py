@@ -270,6 +270,14 @@ def _print_plan(result) -> None:
                 markup=False,
                 highlight=False,
             )
+        if c.lora_slots_gib:
+            console.print(
+                f"LoRA slots: {len(result.adapters)} at --max-lora-rank "
+                f"{first.argv[first.argv.index('--max-lora-rank') + 1]} take "
+                f"{c.lora_slots_gib:.2f} GiB per GPU from the KV cache (docs/checkpoints.md)",
+                markup=False,
+                highlight=False,
+            )
         console.print("[bold]replica 0 command[/bold] (others differ only in devices and port):")
         devices = [f"{k}={v}" for k, v in first.env.items() if k.endswith("VISIBLE_DEVICES")]
         console.print(" ".join(devices + [shlex.join(first.argv)]), soft_wrap=True, markup=False, highlight=False)

@@ -1,6 +1,7 @@
 """`gemmaserve plan` as a user runs it: a subprocess, exact JSON shape, errors on stderr."""
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -42,6 +43,7 @@ REPLICA_KEYS = {
     "kv_cache_tokens",
     "max_concurrency",
     "memory_margin_gib",
+    "lora_slots_gib",
     "available_kv_cache_gib",
     "num_blocks",
     "kv_cache_accounting",
@@ -191,6 +193,30 @@ def test_refusal_exits_3_with_reason():
     assert result.returncode == 3
     assert "does not fit" in result.stderr and "Fixes:" in result.stderr
     assert result.stdout == ""
+
+
+def test_plan_shows_what_lora_slots_take_from_the_kv_cache(tmp_path):
+    """26B-A4B with one rank-16 adapter: the plan says what the slots take per GPU, in text and JSON, and the KV
+    cache is that much smaller than without the adapter."""
+    import yaml
+
+    adapter = tmp_path / "sql"
+    adapter.mkdir()
+    shutil.copy(ROOT / "tests/unit/checkpoints/adapters/gemma4-31b-lora-r16.json", adapter / "adapter_config.json")
+    config = {"gemmaserve:model": "26b-a4b", "gemmaserve:accelerator": {"kind": "h100-80gb", "count": 1}}
+    (tmp_path / "Pulumi.plain.yaml").write_text(yaml.safe_dump({"config": config}))
+    served = config | {"gemmaserve:serving": {"lora_adapters": [{"name": "sql", "source": str(adapter)}]}}
+    (tmp_path / "Pulumi.lora.yaml").write_text(yaml.safe_dump({"config": served}))
+    text = " ".join(gemmaserve("plan", "--stack", "lora", "--project-dir", str(tmp_path)).stdout.split())
+    assert "LoRA slots: 1 at --max-lora-rank 16 take 1.25 GiB per GPU from the KV cache" in text, text
+    lora, plain = (
+        json.loads(gemmaserve("plan", "--stack", name, "--project-dir", str(tmp_path), "--json").stdout)["replicas"][0]
+        for name in ("lora", "plain")
+    )
+    assert (lora["lora_slots_gib"], plain["lora_slots_gib"]) == (1.25, 0)
+    assert plain["available_kv_cache_gib"] - lora["available_kv_cache_gib"] == pytest.approx(
+        1.25, abs=0.015
+    )  # each rounded to 0.01
 
 
 def test_a_timed_plan_call_prints_the_plan_and_its_time(capsys):
