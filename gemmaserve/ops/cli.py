@@ -88,8 +88,8 @@ def plan_command(
     model: str | None = typer.Option(
         None,
         "--model",
-        help="e2b, e4b, 31b, 26b-a4b, any Gemma 4 checkpoint's Hugging Face id (read from the local HF cache) or a "
-        "directory.",
+        help="e2b, e4b, 31b, 26b-a4b, any Gemma 4 checkpoint's Hugging Face id (read from the local HF cache), a "
+        "directory, or gs://BUCKET/PATH (read from --fetch's copy).",
     ),
     revision: str | None = typer.Option(None, "--revision", help="The checkpoint's commit sha (weights.revision)."),
     accelerator: str | None = typer.Option(None, "--accelerator", help="Accelerator kind, e.g. rtx-pro-6000, tpu-v6e."),
