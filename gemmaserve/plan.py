@@ -233,9 +233,13 @@ class WeightsPlan:
     prefix: str = ""
     # With weights from the bucket, the spec's LoRA adapters come from it too (pinned ones: the rest are refused).
     adapters: tuple[AdapterWeights, ...] = ()
-    # With weights from the hub, the pinned hub adapters as (repo id, commit): the weights role downloads each
-    # snapshot before the model, with the same client and token (the argv names the snapshot: adapter_path).
+    # Without the bucket, the pinned hub adapters as (repo id, commit): the weights role downloads each snapshot
+    # before the model (before the replicas, beside a directory or gs:// model), with the same client and token
+    # (the argv names the snapshot: hub_snapshot).
     hub_adapters: tuple[tuple[str, str], ...] = ()
+    # Beside a directory or gs:// model (replicas offline) with MTP: the assistant as (repo id, commit), downloaded
+    # by the weights role like a pinned hub adapter; --speculative-config names its snapshot.
+    hub_assistant: tuple[str, str] | None = None
     # With weights from the bucket and MTP: the assistant, mirrored beside the model at its pinned commit
     # (weights.assistant_revision) exactly as a model revision is, and pulled before any replica starts (with
     # streamed weights too); --speculative-config names its local copy. None: no MTP, or not pinned.
@@ -246,16 +250,23 @@ class WeightsPlan:
     @staticmethod
     def of(spec: Spec) -> WeightsPlan:
         weights, model = spec.weights, spec.model_info
-        if spec.model.startswith("gs://"):
-            return WeightsPlan("stream", model.hf_id, source_uri=spec.model)
+        mtp = spec.workload.speculative.method == "mtp" and model.mtp_assistant
         if weights.source == "hub":
-            if model.local_dir:
-                return WeightsPlan("local", model.hf_id, weights.revision)
             pinned = tuple(
                 (a.source, a.revision)
                 for a in spec.serving.lora_adapters
                 if a.revision and not a.source.startswith("/")
             )
+            # Offline replicas cannot download the assistant themselves (HF_HUB_OFFLINE=1).
+            assistant = (
+                (model.mtp_assistant, weights.assistant_revision) if mtp and weights.assistant_revision else None
+            )
+            if spec.model.startswith("gs://"):
+                return WeightsPlan(
+                    "stream", model.hf_id, source_uri=spec.model, hub_adapters=pinned, hub_assistant=assistant
+                )
+            if model.local_dir:
+                return WeightsPlan("local", model.hf_id, weights.revision, hub_adapters=pinned, hub_assistant=assistant)
             return WeightsPlan("hub", model.hf_id, weights.revision, hub_adapters=pinned)
         bucket, _, prefix = weights.bucket.removeprefix("gs://").partition("/")
         prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
@@ -263,7 +274,7 @@ class WeightsPlan:
             AdapterWeights(a.name, a.source, a.revision, prefix) for a in spec.serving.lora_adapters if a.revision
         )
         assistant = None
-        if spec.workload.speculative.method == "mtp" and model.mtp_assistant and weights.assistant_revision:
+        if mtp and weights.assistant_revision:
             assistant = WeightsPlan("pull", model.mtp_assistant, weights.assistant_revision, bucket, prefix)
         return WeightsPlan(weights.load, model.hf_id, weights.revision, bucket, prefix, adapters, assistant=assistant)
 
@@ -1072,6 +1083,8 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
         config = {"method": "mtp", "model": model.mtp_assistant, "num_speculative_tokens": wl.speculative.tokens}
         if mirrored := weights.assistant:
             config["model"] = mirrored.local_dir
+        elif weights.hub_assistant:
+            config["model"] = hub_snapshot(*weights.hub_assistant)
         elif spec.weights.assistant_revision:
             # vLLM downloads the draft model at this revision (vllm/config/speculative.py SpeculativeConfig.revision).
             config["revision"] = spec.weights.assistant_revision
@@ -1127,9 +1140,15 @@ def adapter_path(adapter: Adapter) -> str:
     if adapter.source.startswith("/"):
         return adapter.source
     if adapter.revision:
-        owner, name = adapter.source.split("/")
-        return f"{HF_HOME}/hub/models--{owner}--{name}/snapshots/{adapter.revision}"
+        return hub_snapshot(adapter.source, adapter.revision)
     return adapter.source
+
+
+def hub_snapshot(repo: str, revision: str) -> str:
+    """Where the weights role's `hf download REPO --revision SHA` leaves a pinned snapshot in the replicas' HF
+    cache (huggingface_hub's cache layout: hub/models--OWNER--NAME/snapshots/SHA)."""
+    owner, name = repo.split("/")
+    return f"{HF_HOME}/hub/models--{owner}--{name}/snapshots/{revision}"
 
 
 def lora_slot_bytes(model: ModelInfo, tp: int, max_loras: int, max_rank: int) -> int | None:
@@ -1216,10 +1235,10 @@ TPU_LORA_REFUSAL = (
 
 def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
     """Adapters the replicas could not get. With weights from the bucket every adapter comes from it, mirrored at a
-    pinned revision (WeightsPlan.adapters). With weights from the hub on the wheel engine, the weights role downloads
-    a pinned hub adapter's snapshot (WeightsPlan.hub_adapters); a container's vLLM has no such step, and vLLM's own
-    download of an id (vllm/lora/utils.py get_adapter_absolute_path) takes no revision and cannot run under
-    HF_HUB_OFFLINE."""
+    pinned revision (WeightsPlan.adapters). Otherwise, on the wheel engine, the weights role downloads a pinned hub
+    adapter's snapshot (WeightsPlan.hub_adapters), beside hub weights and beside a directory or gs:// model alike;
+    a container's vLLM has no such step, and vLLM's own download of an id (vllm/lora/utils.py
+    get_adapter_absolute_path) takes no revision and cannot run under HF_HUB_OFFLINE."""
     from_bucket = spec.weights.source == "bucket"
     offline = replicas_offline(spec)
     problems = []
@@ -1241,20 +1260,54 @@ def _adapter_problems(spec: Spec, adapters: tuple[Adapter, ...]) -> list[str]:
         if adapter.source.startswith("/"):
             continue
         if adapter.revision:
-            if offline or spec.engine.kind == "container":
-                why = "the replicas run offline (HF_HUB_OFFLINE=1)" if offline else "engine.kind is container"
+            if spec.engine.kind == "container":
                 problems.append(
                     f"{field}.revision = {adapter.revision!r}: a pinned hub adapter is served from its snapshot "
-                    f"({adapter_path(adapter)}), which the weights role downloads only beside hub weights on the "
-                    f"wheel engine, and {why}; allowed: weights from the bucket (the mirror copies the adapter too), "
+                    f"({adapter_path(adapter)}), which the weights role downloads only on the wheel engine, and "
+                    "engine.kind is container; allowed: weights from the bucket (the mirror copies the adapter too), "
                     "a directory on the hosts, or no revision (vLLM downloads the id when it starts)"
                 )
         elif offline:
             problems.append(
-                f"{field}.source = {adapter.source!r}: the replicas run offline (HF_HUB_OFFLINE=1: weights from the "
-                "bucket or a directory), so vLLM cannot download it; allowed: a directory on the hosts"
+                f"{field}.revision: none given for the hub adapter {adapter.source!r}, and the replicas run offline "
+                "(HF_HUB_OFFLINE=1: a directory or gs:// model), so vLLM cannot download it; allowed: its commit sha "
+                f"(`gemmaserve weights mirror --resolve --model {adapter.source} --revision main` prints it: the "
+                "weights role downloads that snapshot), or a directory on the hosts"
             )
     return problems
+
+
+def _assistant_problems(spec: Spec) -> list[str]:
+    """Where the MTP assistant comes from. Replicas that run offline (HF_HUB_OFFLINE=1) cannot download it, so it is
+    pinned: from the bucket the mirror holds it (WeightsPlan.assistant); beside a directory or gs:// model the
+    weights role downloads its snapshot, on the wheel engine (WeightsPlan.hub_assistant). Online replicas (hub
+    weights) let vLLM download it, at weights.assistant_revision where given."""
+    model = spec.model_info
+    if spec.workload.speculative.method != "mtp" or not model.mtp_assistant or not replicas_offline(spec):
+        return []
+    resolve = f"`gemmaserve weights mirror --resolve --model {model.mtp_assistant} --revision main` prints it"
+    if spec.weights.source == "bucket":
+        if spec.weights.assistant_revision:
+            return []
+        return [
+            f"weights.assistant_revision: none given; with weights from the bucket the MTP assistant "
+            f"{model.mtp_assistant} is mirrored beside the model at a pinned commit ({resolve}); allowed: a commit "
+            "sha (40 hex)"
+        ]
+    served = "a gs:// model" if spec.model.startswith("gs://") else "a directory"
+    if not spec.weights.assistant_revision:
+        return [
+            f"weights.assistant_revision: none given; replicas serving {served} run offline (HF_HUB_OFFLINE=1), so "
+            f"vLLM cannot download the MTP assistant {model.mtp_assistant}: the weights role downloads it before "
+            f"the replicas start, at a pinned commit ({resolve}); allowed: a commit sha (40 hex)"
+        ]
+    if spec.engine.kind == "container":
+        return [
+            f"engine.kind = 'container': replicas serving {served} run offline (HF_HUB_OFFLINE=1) and only the "
+            f"wheel engine's weights role downloads the MTP assistant {model.mtp_assistant} for them; allowed: "
+            "wheel, or weights from the bucket (the mirror holds the assistant)"
+        ]
+    return []
 
 
 def _lora_argv(adapters: tuple[Adapter, ...], weights: WeightsPlan) -> list[str]:
@@ -1465,17 +1518,7 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
     if adapters and acc.is_tpu:
         result.refusals.append(TPU_LORA_REFUSAL)
     result.refusals += _unified_problems(spec)
-    if (
-        spec.workload.speculative.method == "mtp"
-        and spec.weights.source == "bucket"
-        and not spec.weights.assistant_revision
-    ):
-        # Replicas serving the mirror run offline (HF_HUB_OFFLINE=1): the assistant comes from the bucket too, pinned.
-        result.refusals.append(
-            f"weights.assistant_revision: none given; with weights from the bucket the MTP assistant "
-            f"{model.mtp_assistant} is mirrored beside the model at a pinned commit (`gemmaserve weights mirror "
-            f"--resolve --model {model.mtp_assistant} --revision main` prints it); allowed: a commit sha (40 hex)"
-        )
+    result.refusals += _assistant_problems(spec)
     if adapters and lora_slot_bytes(model, 1, len(adapters), _max_lora_rank(adapters)) is None:
         result.warnings.append(
             f"{len(adapters)} LoRA adapter(s) served: the memory vLLM reserves for LoRA slots is not counted in "

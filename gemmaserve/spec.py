@@ -512,7 +512,10 @@ class Weights(Strict):
     revision: str | None = Field(None, description="The model's commit sha (40 hex); required with source bucket.")
     assistant_revision: str | None = Field(
         None,
-        description="The MTP assistant's commit sha (40 hex): pinned on the hub; required with source bucket and MTP.",
+        description=(
+            "The MTP assistant's commit sha (40 hex): pinned on the hub; required with MTP where replicas run "
+            "offline (source bucket, a directory or gs:// model)."
+        ),
     )
     load: Literal["pull", "stream"] = Field(
         "pull", description="pull: one verified local copy before replicas start; stream: vLLM's Run:ai streamer."
@@ -637,27 +640,18 @@ class Spec(Strict):
         if self.model.startswith("gs://"):
             # Read where it is: vLLM's Run:ai streamer loads it from the bucket (no mirror, no local copy).
             weights = self.weights
-            if weights.source == "bucket" or weights.revision or weights.assistant_revision:
+            if weights.source == "bucket" or weights.revision:
                 problems.append(
                     (
                         "weights",
                         weights.model_dump(exclude_defaults=True),
-                        "a gs:// model is streamed from where it is; allowed: no weights.source bucket, revision or "
-                        "assistant_revision with it (those mirror a Hugging Face model)",
+                        "a gs:// model is streamed from where it is; allowed: no weights.source bucket or revision "
+                        "with it (those mirror a Hugging Face model; weights.assistant_revision pins its MTP "
+                        "assistant)",
                     )
                 )
             if "load" in weights.model_fields_set:
                 problems.append(("weights.load", weights.load, "a gs:// model is always streamed; allowed: unset"))
-            if self.workload.speculative.method == "mtp":
-                problems.append(
-                    (
-                        "workload.speculative.method",
-                        "mtp",
-                        "replicas streaming a gs:// model run offline (HF_HUB_OFFLINE=1), and vLLM downloads the MTP "
-                        "assistant from the hub; allowed: ngram, none (or mirror the hub model with its assistant: "
-                        "weights.source bucket)",
-                    )
-                )
         for index, adapter in enumerate(self.serving.lora_adapters):
             try:
                 load_adapter(adapter.name, adapter.source, adapter.revision)

@@ -92,6 +92,9 @@ def plan_command(
         "directory, or gs://BUCKET/PATH (read from --fetch's copy).",
     ),
     revision: str | None = typer.Option(None, "--revision", help="The checkpoint's commit sha (weights.revision)."),
+    assistant_revision: str | None = typer.Option(
+        None, "--assistant-revision", help="The MTP assistant's commit sha (weights.assistant_revision)."
+    ),
     accelerator: str | None = typer.Option(None, "--accelerator", help="Accelerator kind, e.g. rtx-pro-6000, tpu-v6e."),
     count: int | None = typer.Option(None, "--count", help="Devices per host."),
     max_model_len: int | None = typer.Option(None, "--max-model-len"),
@@ -123,8 +126,9 @@ def plan_command(
     )
     if vllm_version:
         flags["engine"] = {"vllm_version": vllm_version}
-    if revision:
-        flags["weights"] = {"revision": revision}
+    pins = {"revision": revision, "assistant_revision": assistant_revision}
+    if pins := {key: value for key, value in pins.items() if value}:
+        flags["weights"] = pins
     try:
         if stack:
             # Secrets as the stack names them (gs-STACK-NAME), as its hosts and its `plan` output see them.
@@ -292,6 +296,10 @@ def _print_plan(result) -> None:
         "hub": "downloaded from Hugging Face before replicas start"
         + (f" (revision {weights.revision})" if weights.revision else ""),
     }[weights.mode]
+    if weights.mode in ("local", "stream") and (weights.hub_assistant or weights.hub_adapters):
+        downloads = [*weights.hub_adapters, *([weights.hub_assistant] if weights.hub_assistant else [])]
+        pinned = [f"{repo}@{revision[:12]}" for repo, revision in downloads]
+        where += f"; downloaded from Hugging Face before replicas start: {', '.join(pinned)}"
     console.print(f"[bold]weights[/bold]: {where}", markup=True, highlight=False)
     if result.quantization:
         q = result.quantization

@@ -3,7 +3,8 @@ host, shared by its replicas) or, without a mirror, downloaded from Hugging Face
 client. Either way it is gemmaserve-weights.service, ordered before the replicas, so the health window
 of a replica never has to cover a download; a deploy checks the mirror before it restarts anything. The
 spec's LoRA adapters come from the bucket with the weights (streamed weights too): the same puller, before
-the model; with weights from the hub, the pinned hub adapters are downloaded the same way, before the model."""
+the model; without the bucket, the pinned hub adapters (and, beside a directory or gs:// model, whose replicas run
+offline, the pinned MTP assistant) are downloaded by the same `hf` client, before the model."""
 
 from __future__ import annotations
 
@@ -79,19 +80,24 @@ def pulls(plan: Plan) -> list[tuple[str, str]]:
 
 def marker_paths(plan: Plan) -> list[str]:
     """The marker of every fetch, the one replicas wait for last."""
-    weights = plan.weights
     if found := pulls(plan):
         return [f"{local}/.gemmaserve-complete" for _, local in found]
-    if weights.mode == "hub" and plan.engine.kind == "wheel":
-        return [hub_marker(repo, revision) for repo, revision in hub_downloads(plan)]
-    return []
+    return [hub_marker(repo, revision) for repo, revision in hub_downloads(plan)]
 
 
 def hub_downloads(plan: Plan) -> list[tuple[str, str | None]]:
-    """(repo id, revision) of each `hf download` in hub mode: the pinned adapters, then the model, whose marker
-    replicas check."""
+    """(repo id, revision) of each `hf download` on the wheel engine: the pinned adapters, the MTP assistant of a
+    directory or gs:// model, then (hub mode) the model, whose marker replicas check; none from the bucket or in a
+    container."""
     weights = plan.weights
-    return [*weights.hub_adapters, (weights.model_id, weights.revision)]
+    if weights.from_bucket or plan.engine.kind != "wheel":
+        return []
+    found: list[tuple[str, str | None]] = [*weights.hub_adapters]
+    if weights.hub_assistant:
+        found.append(weights.hub_assistant)
+    if weights.mode == "hub":
+        found.append((weights.model_id, weights.revision))
+    return found
 
 
 def hub_marker(repo: str, revision: str | None) -> str:
@@ -127,15 +133,16 @@ def fetch_command(plan: Plan, settings: Settings) -> str:
 
 def unit_context(plan: Plan, settings: Settings, emulator: str | None) -> dict:
     weights = plan.weights
-    environment = {"HF_HOME": HF_HOME, "HF_HUB_DISABLE_TELEMETRY": "1"} if weights.mode == "hub" else {}
+    from_hub = bool(hub_downloads(plan)) and not pulls(plan)
+    environment = {"HF_HOME": HF_HOME, "HF_HUB_DISABLE_TELEMETRY": "1"} if from_hub else {}
     if emulator and pulls(plan):
         environment["STORAGE_EMULATOR_HOST"] = emulator
     fetch_unit = "gemmaserve-hf-token.service" if plan.spec.secret and plan.spec.secret.secret_manager else None
     return {
         "model": weights.model_id,
-        "after": fetch_unit if weights.mode == "hub" else None,
+        "after": fetch_unit if from_hub else None,
         "environment": environment,
-        "credential": plan.token_source_path if weights.mode == "hub" else None,
+        "credential": plan.token_source_path if from_hub else None,
         "command": fetch_command(plan, settings),
         "user": "gemmaserve",
         "writable": STATE_DIR,
@@ -179,12 +186,12 @@ def weights(plan: Plan) -> None:
         checked = host.get_fact(
             MirrorCheck, bucket=plan.weights.bucket, prefixes=[prefix for prefix, _ in from_bucket], emulator=emulator
         )
-    fetched = [f"{plan.weights.model_id} weights"] if plan.weights.mode != "stream" else []
+    fetched = [f"{plan.weights.model_id} weights"] if plan.weights.mode in ("pull", "hub") else []
     adapters = len(plan.weights.adapters) if from_bucket else len(plan.weights.hub_adapters)
     if adapters:
         fetched.append(f"{adapters} LoRA adapter(s)")
-    if plan.weights.assistant:
-        fetched.append(f"the MTP assistant {plan.weights.assistant.model_id}")
+    if assistant := plan.weights.assistant or plan.weights.hub_assistant:
+        fetched.append(f"the MTP assistant {assistant.model_id if from_bucket else assistant[0]}")
     what = " and ".join(fetched)
     fetch_before_replicas(
         name=f"Fetch {what} to local disk before any replica restarts",
@@ -208,7 +215,7 @@ def fetch_before_replicas(plan: Plan, emulator: str | None, done: bool, checked:
         yield f"echo {shlex.quote(checked)} >&2; exit 1"
         return
     if done:
-        host.noop(f"{weights.model_id} weights are local ({weights.local_dir or HF_HOME})")
+        host.noop(f"every fetch is local ({weights.local_dir or HF_HOME})")
         return
     if found := pulls(plan):
         yield check_command(weights.bucket, [prefix for prefix, _ in found], emulator)

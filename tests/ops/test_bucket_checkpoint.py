@@ -14,6 +14,7 @@ import pytest
 
 from gemmaserve.catalog import CATALOG
 from gemmaserve.checkpoint import load_checkpoint
+from gemmaserve.plan import plan
 from gemmaserve.spec import SpecError, parse_spec
 
 ROOT = Path(__file__).parents[2]
@@ -104,7 +105,6 @@ def test_what_a_bucket_checkpoint_cannot_be_given_is_named(bucket, tmp_path, mon
     cases = [
         ({"weights": {"source": "bucket", "bucket": "gs://acme", "revision": "a" * 40}}, "weights = "),
         ({"weights": {"load": "pull"}}, "weights.load = 'pull': a gs:// model is always streamed"),
-        ({"workload": {"speculative": {"method": "mtp"}}}, "workload.speculative.method = 'mtp'"),
     ]
     for extra, expected in cases:
         with pytest.raises(SpecError) as caught:
@@ -112,6 +112,25 @@ def test_what_a_bucket_checkpoint_cannot_be_given_is_named(bucket, tmp_path, mon
         assert any(expected in p for p in caught.value.problems), caught.value.problems
     with pytest.raises(SpecError, match="gs://BUCKET/PATH"):
         parse_spec(base | {"model": "gs://Bad_Bucket/x"})
+    # MTP: streaming replicas run offline, so the assistant must be pinned (the weights role downloads it), and only
+    # the wheel engine's weights role does that.
+    mtp = base | {"accelerator": {"kind": "h100-80gb", "count": 2}, "workload": {"speculative": {"method": "mtp"}}}
+    unpinned = plan(parse_spec(mtp))
+    assert unpinned.refusals == [
+        "weights.assistant_revision: none given; replicas serving a gs:// model run offline (HF_HUB_OFFLINE=1), so "
+        "vLLM cannot download the MTP assistant google/gemma-4-31B-it-assistant: the weights role downloads it before "
+        "the replicas start, at a pinned commit (`gemmaserve weights mirror --resolve --model "
+        "google/gemma-4-31B-it-assistant --revision main` prints it); allowed: a commit sha (40 hex)"
+    ]
+    pinned = mtp | {"weights": {"assistant_revision": "e" * 40}}
+    streamed = plan(parse_spec(pinned)).require_ok()
+    assert streamed.weights.hub_assistant == ("google/gemma-4-31B-it-assistant", "e" * 40)
+    argv = streamed.replicas[0].argv
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == (
+        f"/var/lib/gemmaserve/hf/hub/models--google--gemma-4-31B-it-assistant/snapshots/{'e' * 40}"
+    )
+    boxed = plan(parse_spec(pinned | {"engine": {"kind": "container"}}))
+    assert len(boxed.refusals) == 1 and boxed.refusals[0].startswith("engine.kind = 'container'")
 
 
 def test_the_stack_grants_its_hosts_read_on_the_models_bucket(bucket, tmp_path, monkeypatch):

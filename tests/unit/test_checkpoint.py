@@ -161,15 +161,27 @@ SETUPS = [
 @pytest.mark.parametrize("alias, accelerator, workload", SETUPS)
 def test_fine_tune_plans_exactly_like_its_base(alias, accelerator, workload, tmp_path: Path) -> None:
     root = fine_tune_of(alias, tmp_path / "ft")
-    base = plan(parse_spec({"model": alias, "accelerator": accelerator, "workload": workload}))
-    tuned = plan(parse_spec({"model": str(root), "accelerator": accelerator, "workload": workload}))
-    assert tuned.ok and base.ok
+    # MTP beside a directory: the replicas run offline, so the assistant is pinned and the weights role downloads it.
+    mtp = workload.get("speculative", {}).get("method") == "mtp"
+    weights = {"weights": {"assistant_revision": "e" * 40}} if mtp else {}
+    base = plan(parse_spec({"model": alias, "accelerator": accelerator, "workload": workload} | weights))
+    tuned = plan(parse_spec({"model": str(root), "accelerator": accelerator, "workload": workload} | weights))
+    assert tuned.ok and base.ok, tuned.refusals
     for b, t in zip(base.replicas, tuned.replicas, strict=True):
         assert t.capacity == b.capacity
-        # The same command but for what is served: the directory, under its own name.
+        # The same command but for what is served: the directory, under its own name (and where the MTP assistant
+        # is read: its downloaded snapshot, not vLLM's own download).
         assert t.argv[:3] == ["vllm", "serve", str(root)]
         assert t.argv[3:5] == ["--served-model-name", "ft"]
-        assert t.argv[5:] == b.argv[3:]
+        tuned_argv, base_argv = t.argv[5:], b.argv[3:]
+        if mtp:
+            at = tuned_argv.index("--speculative-config") + 1
+            hub = json.loads(base_argv[at])  # online replicas: vLLM downloads the assistant at the pinned revision
+            assert hub.pop("revision") == "e" * 40
+            snapshot = f"/var/lib/gemmaserve/hf/hub/models--google--gemma-4-31B-it-assistant/snapshots/{'e' * 40}"
+            assert json.loads(tuned_argv[at]) == hub | {"model": snapshot}
+            tuned_argv, base_argv = tuned_argv[:at] + tuned_argv[at + 1 :], base_argv[:at] + base_argv[at + 1 :]
+        assert tuned_argv == base_argv
         assert t.env["HF_HUB_OFFLINE"] == "1"
 
 
@@ -506,10 +518,15 @@ def test_hub_adapters_are_fetched_or_refused_by_where_replicas_get_them(tmp_path
     )
     assert not boxed.ok and "serving.lora_adapters[0].revision" in boxed.refusals[0]
     assert "engine.kind is container" in boxed.refusals[0] and snapshot in boxed.refusals[0]
-    # Offline replicas (a model directory) cannot download it.
+    # Offline replicas (a model directory) cannot download it: unpinned, it is refused naming the pin; pinned, the
+    # weights role downloads its snapshot beside the directory, as beside hub weights.
     tuned = fine_tune_of("31b", tmp_path / "ft")
     offline = planned({"name": "sql", "source": "my-org/gemma4-sql-lora"}, model=str(tuned))
-    assert not offline.ok and "HF_HUB_OFFLINE=1" in offline.refusals[0]
+    assert not offline.ok and offline.refusals[0].startswith("serving.lora_adapters[0].revision: none given")
+    assert "HF_HUB_OFFLINE=1" in offline.refusals[0]
+    beside = planned({"name": "sql", "source": "my-org/gemma4-sql-lora", "revision": commit}, model=str(tuned))
+    assert beside.ok and f"sql={snapshot}" in beside.replicas[0].argv
+    assert beside.weights.mode == "local" and beside.weights.hub_adapters == (("my-org/gemma4-sql-lora", commit),)
     # With the weights from the bucket it comes from the mirror, so it must be pinned (tests/unit/test_weights_plan.py).
     weights = {"source": "bucket", "bucket": "gs://my-weights", "revision": "d" * 40}
     unpinned = planned({"name": "sql", "source": "my-org/gemma4-sql-lora"}, weights=weights)

@@ -184,14 +184,16 @@ def test_replica_reports_ready(target, replica):
 
 
 def test_weights_are_local_before_replicas(target):
-    """Pulled from the mirror: one verified local copy and a finished fetch unit; a test model: its directory;
-    from the hub: the prefetch unit finished; streamed: nothing local by design."""
+    """Pulled from the mirror: one verified local copy and a finished fetch unit; a directory: its config.json;
+    from the hub, or pinned hub adapters or MTP assistant beside a directory or gs:// model: the prefetch unit
+    finished; streamed: nothing local by design."""
     weights = target.plan.weights
+    wheel = target.plan.engine.kind == "wheel"
     if weights.mode == "pull":
         assert target.host.file(f"{weights.local_dir}/.gemmaserve-complete").is_file
     if weights.mode == "local":
         assert target.host.file(f"{target.plan.model.local_dir}/config.json").is_file
-    elif weights.mode == "pull" or (weights.mode == "hub" and target.plan.engine.kind == "wheel"):
+    if weights.mode == "pull" or (wheel and (weights.mode == "hub" or weights.hub_adapters or weights.hub_assistant)):
         assert target.host.run("systemctl is-active gemmaserve-weights").stdout.strip() == "active"
 
 
