@@ -396,9 +396,23 @@ def _attention_shapes(text: dict[str, Any], k_eq_v: bool) -> tuple[AttentionShap
         return AttentionShape(kv_heads=heads, head_dim=head_dim), AttentionShape(kv_heads=full_heads, head_dim=full_dim)
     if not isinstance(per_layer, dict) or not all(isinstance(o, dict) for o in per_layer.values()):
         raise CheckpointError("config.json text_config.per_layer_config: must map layer indices to JSON objects")
+    # transformers reads each key as int(key) (integrations/heterogeneity/configuration_utils.py
+    # _apply_heterogeneous_config), so "04" is layer 4: a published E2B fine-tune writes its keys zero-padded.
+    kinds = _layer_types(text)
+    try:
+        by_layer = {int(key): overrides for key, overrides in per_layer.items()}
+    except ValueError:
+        raise CheckpointError(
+            f"config.json text_config.per_layer_config: keys {sorted(per_layer)} are not all layer indices; "
+            f"allowed: integers 0..{len(kinds) - 1}"
+        ) from None
+    if outside := sorted(i for i in by_layer if not 0 <= i < len(kinds)):
+        raise CheckpointError(
+            f"config.json text_config.per_layer_config: layers {outside} do not exist; allowed: 0..{len(kinds) - 1}"
+        )
     shapes: dict[str, set[AttentionShape]] = {"sliding_attention": set(), "full_attention": set()}
-    for index, kind in enumerate(_layer_types(text)):
-        overrides = per_layer.get(str(index)) or {}
+    for index, kind in enumerate(kinds):
+        overrides = by_layer.get(index) or {}
         shape = AttentionShape(
             kv_heads=int(overrides.get("num_key_value_heads") or heads),
             head_dim=int(overrides.get("head_dim") or head_dim),

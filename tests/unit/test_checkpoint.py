@@ -703,6 +703,38 @@ def test_published_e4b_config_is_the_catalog_e4b(tmp_path: Path) -> None:
     assert tuned.replicas[0].capacity == stock.replicas[0].capacity
 
 
+def test_published_e2b_fine_tune_plans_exactly_like_e2b(tmp_path: Path) -> None:
+    """A published full fine-tune of E2B (blazejewicz/gemma-4-e2b-japanese-teacher, its config.json byte for byte:
+    tests/unit/checkpoints/README.md) writes per_layer_config's keys zero-padded ("04", "09"), which transformers
+    reads as layer indices (int(key)). Read by its literal string, layers 4 and 9 lost their 512-wide heads and the
+    checkpoint was refused as having two shapes of full layer; it is the catalog's E2B, and plans exactly like it."""
+    config = published("blazejewicz--gemma-4-e2b-japanese-teacher")
+    assert {"04", "09"} <= set(config["text_config"]["per_layer_config"])
+    info = CATALOG.model("e2b")
+    fields = architecture(config, CheckpointRef("blazejewicz/gemma-4-e2b-japanese-teacher"))
+    assert fields == {f: getattr(info, f) for f in fields}
+    root = checkpoint_dir(tmp_path / "gemma-4-e2b-japanese-teacher", config, info.checkpoint_bytes, single_file=True)
+    for accelerator in ({"kind": "l4"}, {"kind": "tpu-v6e", "count": 4}):
+        tuned = plan(parse_spec({"model": str(root), "accelerator": accelerator})).require_ok()
+        stock = plan(parse_spec({"model": "e2b", "accelerator": accelerator})).require_ok()
+        assert tuned.replicas[0].capacity == stock.replicas[0].capacity
+        assert tuned.replicas[0].argv[3:5] == ["--served-model-name", "gemma-4-e2b-japanese-teacher"]
+
+
+@pytest.mark.parametrize(
+    "keys, message",
+    [
+        ({"x": {"head_dim": 512}}, r"keys \['x'\] are not all layer indices; allowed: integers 0..59"),
+        ({"60": {"head_dim": 512}}, r"layers \[60\] do not exist; allowed: 0..59"),
+    ],
+)
+def test_per_layer_config_keys_that_name_no_layer_are_refused(keys: dict, message: str) -> None:
+    config = stock_config("31b")
+    config["text_config"] = {**config["text_config"], "per_layer_config": keys}
+    with pytest.raises(CheckpointError, match=message):
+        architecture(config, CheckpointRef("x/y"))
+
+
 def test_published_unified_w4a16_checkpoint_plans_on_gpu_and_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
     """A published Gemma 4 Unified checkpoint (Gemma4UnifiedForConditionalGeneration, 12B, encoder-free) quantized
     W4A16 with compressed-tensors: planned from its own config.json on an L4; refused on TPU (tpu-inference has no
@@ -744,6 +776,27 @@ def test_published_unsloth_adapter_is_served_on_e2b(tmp_path: Path) -> None:
     assert [(a.rank, "q_proj" in a.target_modules) for a in result.adapters] == [(16, True)]
     argv = result.replicas[0].argv
     assert argv[argv.index("--max-lora-rank") + 1] == "16" and f"pog={root}" in argv[argv.index("--lora-modules") + 1]
+
+
+def test_published_adapter_with_a_regex_target_is_served_on_e2b(tmp_path: Path) -> None:
+    """A LoRA adapter as PEFT 0.19.1 saved it for E2B with target_modules one regular expression (the language
+    model's attention and MLP projections; tests/unit/checkpoints/README.md): read as one target, rank 16."""
+    root = adapter_dir(tmp_path, "gemma4-gsm8k-e2b-lora-r16-regex")
+    result = plan(
+        parse_spec(
+            {
+                "model": "e2b",
+                "accelerator": {"kind": "l4"},
+                "serving": {"lora_adapters": [{"name": "gsm8k", "source": str(root)}]},
+            }
+        )
+    ).require_ok()
+    (adapter,) = result.adapters
+    assert adapter.rank == 16 and len(adapter.target_modules) == 1
+    assert re.fullmatch(adapter.target_modules[0], "model.language_model.layers.3.mlp.down_proj")
+    argv = result.replicas[0].argv
+    assert argv[argv.index("--max-lora-rank") + 1] == "16"
+    assert result.replicas[0].capacity.lora_slots_gib > 0
 
 
 @pytest.mark.parametrize(

@@ -145,6 +145,8 @@ def test_lora_ranks_are_vllms(verdicts) -> None:
         ("gemma4-dora@64", False),  # DoRA: gemmaserve refuses it at the spec as well
         ("unsloth-gemma-4-e2b-lora-r16@64", True),  # published (tests/unit/checkpoints/README.md)
         ("unsloth-gemma-4-e2b-lora-r16@32", True),
+        ("gemma4-gsm8k-e2b-lora-r16-regex@64", True),  # published: target_modules one regular expression
+        ("gemma4-gsm8k-e2b-lora-r16-regex@32", True),
     ],
 )
 def test_vllm_accepts_the_adapters_gemmaserve_accepts(verdicts, case: str, accepted: bool) -> None:
