@@ -45,11 +45,14 @@ KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2":
 # - non-torch growth during the profile run (lazily loaded kernels, cuBLAS/NCCL buffers): public logs print 0.25 GiB
 #   ("0.25 GiB for non-torch memory", 31B on one B300, vLLM 0.26.0) and imply 0.14-0.3 GiB on one A100 and on four
 #   L4 at TP4 (docs/capacity.md);
-# - the CUDA-graph estimate (0.20.0 on, unless --enforce-eager): a real capture before the KV cache exists
-#   (gpu_model_runner.py profile_cudagraph_memory). Public Gemma 4 logs print 0.76 GiB for 102 graphs (B300), 0.13 GiB
-#   for 13 and 0.27 GiB for about 30 (vllm-project/vllm#41789): 7.5-10 MiB a graph, so 10 MiB per captured graph.
+# - the CUDA-graph estimate (0.20.0 on, unless --enforce-eager): a real capture of a few graphs before the KV cache
+#   exists, extrapolated to all (gpu_model_runner.py profile_cudagraph_memory: the first graph's memory plus the second
+#   graph's, at least 1 MiB, for each further graph). What a graph holds grows with the kernels it records, one set a
+#   decoder layer, so the margin is per layer and graph: public Gemma 4 logs show 0.76 GiB estimated for 102 graphs of
+#   31B's 60 layers (B300, 0.124 MiB a layer and graph), 0.27 GiB for 28 of 31B's (vllm-project/vllm#41789, 0.165)
+#   and a capture of 0.45-0.47 GiB for 102 of 26B-A4B's 30 layers (RTX PRO 6000, 0.154): 0.17 MiB, the largest.
 NON_TORCH_MARGIN_GIB = 0.3
-CUDAGRAPH_MIB_PER_GRAPH = 10
+CUDAGRAPH_MIB_PER_LAYER_GRAPH = 0.17
 
 
 def cdiv(a: int, b: int) -> int:
@@ -302,6 +305,11 @@ class GpuProfile:
     cudagraphs: int  # graphs the release captures (0: eager, or no estimate taken out)
 
     @property
+    def cudagraph_mib(self) -> float:
+        """The margin per captured graph (CUDAGRAPH_MIB_PER_LAYER_GRAPH x the model's layers), MiB."""
+        return self.cudagraph_margin * 1024 / self.cudagraphs if self.cudagraphs else 0.0
+
+    @property
     def derived(self) -> float:
         return self.loaded_extra + self.activations + self.persistent
 
@@ -393,6 +401,6 @@ def gpu_profile(
         activations=max(forward, sampler_phase) / GiB,
         persistent=persistent / GiB,
         non_torch_margin=NON_TORCH_MARGIN_GIB,
-        cudagraph_margin=graphs * CUDAGRAPH_MIB_PER_GRAPH / 1024,
+        cudagraph_margin=graphs * model.num_layers * CUDAGRAPH_MIB_PER_LAYER_GRAPH / 1024,
         cudagraphs=graphs,
     )

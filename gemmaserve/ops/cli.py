@@ -231,8 +231,6 @@ def _print_plan(result) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from gemmaserve.kv_cache import CUDAGRAPH_MIB_PER_GRAPH
-
     console = Console()
     spec = result.spec
     title = (
@@ -265,7 +263,7 @@ def _print_plan(result) -> None:
             highlight=False,
         )
         if p := c.profile:
-            graphs = f", {p.cudagraphs} CUDA graphs x {CUDAGRAPH_MIB_PER_GRAPH} MiB" if p.cudagraphs else ""
+            graphs = f", {p.cudagraphs} CUDA graphs x {p.cudagraph_mib:.1f} MiB" if p.cudagraphs else ""
             console.print(
                 f"besides weights and KV cache, per GPU: {p.derived:.2f} GiB from vLLM's source (profile-run peak "
                 f"{p.activations:.2f}, load-time buffers {p.loaded_extra:.2f}, runner state {p.persistent:.2f}) + "

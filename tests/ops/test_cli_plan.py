@@ -236,8 +236,8 @@ def test_plan_shows_the_margin_for_what_only_the_gpu_measures():
     text = " ".join(result.stdout.split())
     assert result.returncode == 0, result.stderr
     assert "from vLLM's source" in text and "margin for what only the GPU measures" in text
-    assert "102 CUDA graphs x 10 MiB" in text  # 51 capture sizes at 1,024 sequences, piecewise and full
+    assert "102 CUDA graphs x 10.2 MiB" in text  # 51 capture sizes at 1,024 sequences, piecewise and full; 60 layers
     data = json.loads(
         gemmaserve("plan", "--model", "31b", "--accelerator", "h100-80gb", "--count", "2", "--json").stdout
     )
-    assert data["replicas"][0]["memory_margin_gib"] == round(0.3 + 102 * 10 / 1024, 2)
+    assert data["replicas"][0]["memory_margin_gib"] == round(0.3 + 102 * 60 * 0.17 / 1024, 2)

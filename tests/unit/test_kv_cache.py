@@ -73,6 +73,17 @@ def test_a100_log_tokens_pin_the_block_count():
 # - 4 x L4, 31B at TP4, vLLM 0.19.0, --enforce-eager, utilization 0.92, --max-model-len 16384, --max-num-seqs 8:
 #   "4.12 GiB per GPU", 17,968 tokens (https://github.com/kenrollins/gemma-forge/blob/2982efbd0117a0da9eccd9161bee8ff5801
 #   baa4a/docs/journal/journey/12-bf16-tp4-full-precision.md; serve script infra/vllm/scripts/serve-gemma-bf16-tp4.sh).
+# - One RTX PRO 6000 Blackwell Server Edition, vLLM 0.25.1, CUDA graphs on, --max-model-len 132096, utilization 0.90,
+#   --max-num-batched-tokens 8192, --dtype bfloat16, TP1, the default max_num_seqs (the serve command of
+#   perf-data/bench_vllm_cuda.sh): 31B "24.87 GiB | 191,862" tokens, 26B-A4B "32.42 GiB | 1,000,429"
+#   (https://github.com/infervisor/plow/blob/b84deb91b7d42ca7bf599219802e0ff9ad740d2c/perf-data/gemma4-31b-vllm-sm120.md
+#   and gemma4-26b-a4b-vllm-sm120.md beside it: the bf16 rows of their VRAM tables). 31B runs on the V2 runner there,
+#   26B-A4B on V1 with the CUDA-graph estimate taken out.
+RTX_PRO_6000_0251 = {
+    "accelerator": {"kind": "rtx-pro-6000", "count": 1},
+    "workload": {"max_model_len": 132096, "gpu_memory_utilization": 0.9, "max_num_batched_tokens": 8192},
+    "engine": {"vllm_version": "0.25.1"},
+}
 PUBLIC_GPU_LOGS = [
     pytest.param(A100_SPEC, 21.5, 93_936, id="a100-26b-a4b-0.19-eager"),
     pytest.param(
@@ -92,6 +103,8 @@ PUBLIC_GPU_LOGS = [
         17_968,
         id="4xl4-31b-tp4-0.19-eager",
     ),
+    pytest.param({"model": "31b", **RTX_PRO_6000_0251}, 24.87, 191_862, id="rtx-pro-6000-31b-0.25.1-v2"),
+    pytest.param({"model": "26b-a4b", **RTX_PRO_6000_0251}, 32.42, 1_000_429, id="rtx-pro-6000-26b-a4b-0.25.1-v1"),
 ]
 
 
@@ -115,6 +128,19 @@ def test_the_old_fitted_runtime_constant_was_19_percent_low_on_the_l4_log():
     fitted = 1.42 + (8 * 2048 * model.hidden_size * 2 + 8 * model.vocab_size * 4) / GiB
     old = acc.memory_gib * 0.92 - weights - fitted
     assert (4.12 - old) / 4.12 > 0.15
+
+
+def test_the_cuda_graph_margin_grows_with_the_layers_a_graph_records():
+    """The margin per captured graph is 0.17 MiB a decoder layer: 26B-A4B's 30 layers take half of 31B's 60. A flat
+    10 MiB a graph left the RTX PRO 6000 26B-A4B log 3.5 % short (31.29 GiB planned, 32.42 logged); vLLM's own capture
+    of those 102 graphs took 0.45-0.47 GiB, under the 0.51 GiB margin, and the B300 31B estimate 0.76 GiB, under 1.02."""
+    v1 = release("0.24.0")
+    dense = gpu_profile(CATALOG.model("31b"), 1, 8192, 1024, 188, v1, cudagraphs_counted=True)
+    moe = gpu_profile(CATALOG.model("26b-a4b"), 1, 8192, 1024, 188, v1, cudagraphs_counted=True)
+    assert dense.cudagraphs == moe.cudagraphs == 102
+    assert moe.cudagraph_margin == pytest.approx(dense.cudagraph_margin / 2)
+    assert 0.47 < moe.cudagraph_margin < 0.76 < dense.cudagraph_margin
+    assert dense.cudagraph_mib == pytest.approx(60 * 0.17)
 
 
 def test_b300_log_breakdown_matches_the_derived_terms():
