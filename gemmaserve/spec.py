@@ -21,6 +21,7 @@ from gemmaserve.checkpoint import (
     load_checkpoint,
 )
 from gemmaserve.engines import ENGINE_PINS, pin_for, transformers_allowed
+from gemmaserve.planned_flags import planned_flag_problems
 from gemmaserve.vllm_releases import UnknownRelease, vllm_release
 
 M = TypeVar("M", bound=BaseModel)
@@ -660,6 +661,8 @@ class Spec(Strict):
             if adapter.name in (self.model, model.hf_id):
                 problems.append((f"serving.lora_adapters[{index}].name", adapter.name, "must differ from the model's"))
         acc, wl = self.accelerator_info, self.workload
+        for problem in planned_flag_problems(wl.extra_args, tpu=acc.is_tpu):
+            problems.append(("workload.extra_args", list(wl.extra_args), problem))
         if wl.max_model_len is not None and wl.max_model_len > model.max_context:
             problems.append(
                 ("workload.max_model_len", wl.max_model_len, f"{model.hf_id} allows at most {model.max_context}")

@@ -29,12 +29,14 @@ FORBIDDEN = (
 def test_the_core_is_the_modules_the_layout_names() -> None:
     # vllm_releases: each vLLM release's KV-cache rules, with their source lines (kv_cache applies them)
     # checkpoint: any Gemma 4 checkpoint's config.json, weight bytes and adapters, read from local files only
+    # planned_flags: the vLLM flags the plan sets, which workload.extra_args may not set
     assert CORE_MODULES == [
         "catalog",
         "checkpoint",
         "engines",
         "kv_cache",
         "plan",
+        "planned_flags",
         "records",
         "sources",
         "spec",
