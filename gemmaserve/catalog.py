@@ -47,6 +47,9 @@ class ModelInfo:
     # AutoModel (gemma4_mm.py), so every tensor-parallel rank holds all of it. It is skipped when image
     # and video are both limited to 0 (_mark_tower_model). 0 where the split is not known.
     vision_tower_bytes: int = 0
+    # vision_config's hidden_size and intermediate_size: since 0.23.0 vLLM quantizes the towers with the language
+    # model where both are multiples of 64 (gemma4_mm.py; VllmRelease rule towers_quantized). None: no vision tower.
+    vision_tower_widths: tuple[int, int] | None = None
     num_experts: int | None = None
     experts_per_token: int | None = None
     # Query heads and MLP width (text_config num_attention_heads, intermediate_size): the shapes of the linear
@@ -128,7 +131,9 @@ class ModelInfo:
 # - Vision towers of 31B/26B-A4B: 27 layers, hidden 1152, intermediate 4304, a [2, 10240, 1152] position
 #   table (the published vision_config), plus embed_vision's [text hidden, 1152] projection: 575,743,536
 #   and 572,794,416 BF16 parameters (the latter matches the public per-tensor sum for 26B-A4B). E2B/E4B's
-#   towers are not split out (no public per-tensor sums found): they count with the sharded weights.
+#   towers are not split out (no public per-tensor sums found): they count with the sharded weights. Their
+#   vision_config has hidden 768 and intermediate 3072 (the published E4B config and E2B fine-tune config in
+#   tests/unit/checkpoints/published), both multiples of 64, so vLLM quantizes those towers with the model.
 # - Modalities: vLLM's Gemma 4 recipe ("smaller gemma4-E2B and gemma-4-E4B also support audio"), Callstack ("audio
 #   support belongs to the smaller E2B and E4B models").
 # - MTP assistants (vLLM builds both with gemma4_mtp.py: dense decoder layers that own no KV cache, so the
@@ -163,6 +168,7 @@ MODELS: tuple[ModelInfo, ...] = (
         intermediate_size=6144,
         per_layer_input_size=256,
         double_wide_mlp=True,
+        vision_tower_widths=(768, 3072),
     ),
     ModelInfo(
         hf_id="google/gemma-4-E4B-it",
@@ -183,6 +189,7 @@ MODELS: tuple[ModelInfo, ...] = (
         num_attention_heads=8,
         intermediate_size=10240,
         per_layer_input_size=256,
+        vision_tower_widths=(768, 3072),
     ),
     ModelInfo(
         hf_id="google/gemma-4-31B-it",
@@ -205,6 +212,7 @@ MODELS: tuple[ModelInfo, ...] = (
         mtp_assistant="google/gemma-4-31B-it-assistant",
         mtp_assistant_bytes=470_000_000 * 2,
         vision_tower_bytes=575_743_536 * 2,
+        vision_tower_widths=(1152, 4304),
     ),
     ModelInfo(
         hf_id="google/gemma-4-26B-A4B-it",
@@ -230,6 +238,7 @@ MODELS: tuple[ModelInfo, ...] = (
         mtp_assistant="google/gemma-4-26B-A4B-it-assistant",
         mtp_assistant_bytes=839_427_840,
         vision_tower_bytes=572_794_416 * 2,
+        vision_tower_widths=(1152, 4304),
     ),
     # A randomly initialised ~300k-parameter checkpoint built by `gemmaserve tiny-model` for the
     # sandbox and tests. Its shapes are those gemmaserve.sandbox.tiny_model writes; it is not a real model.

@@ -438,6 +438,9 @@ def architecture(config: dict[str, Any], ref: CheckpointRef) -> dict[str, Any]:
         modalities |= {"image", "video"}
     if config.get("audio_config"):
         modalities.add("audio")
+    vision = config.get("vision_config")
+    # transformers 5.19.0's Gemma4VisionConfig defaults: hidden_size 768, intermediate_size 3072.
+    widths = (int(vision.get("hidden_size") or 768), int(vision.get("intermediate_size") or 3072)) if vision else None
     experts = text.get("num_experts") if text.get("enable_moe_block", text.get("num_experts")) else None
     # vLLM's Gemma4DecoderLayer reads either name (gemma4.py, v0.32.0).
     moe_width = text.get("moe_intermediate_size") or text.get("expert_intermediate_size")
@@ -461,6 +464,7 @@ def architecture(config: dict[str, Any], ref: CheckpointRef) -> dict[str, Any]:
         "per_layer_input_size": int(text.get("hidden_size_per_layer_input") or 0),
         "double_wide_mlp": bool(text.get("use_double_wide_mlp", False)),
         "unified": UNIFIED_ARCHITECTURE in (config.get("architectures") or []),
+        "vision_tower_widths": widths,
     }
 
 

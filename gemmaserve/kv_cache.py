@@ -352,6 +352,7 @@ def gpu_profile(
     cudagraphs_counted: bool,
     speculative_tokens: int = 0,
     capture_limit: int = 512,
+    linear_weight_bytes: int = 2,
 ) -> GpuProfile:
     """vLLM's non-KV memory per rank beyond the checkpoint (gpu_worker.determine_available_memory).
 
@@ -366,8 +367,9 @@ def gpu_profile(
     rows = min(tokens, max_num_seqs)
     rope = sum(model.max_context * model.shape(kind).head_dim * 2 for kind in set(model.layer_kinds))
     full_layers = sum(1 for kind in model.layer_kinds if kind == "full")
+    # The V weights of K=V layers, loaded as copies of K (1 byte each under online FP8).
     k_eq_v = (
-        full_layers * max(1, model.full.kv_heads // tp) * model.full.head_dim * hidden * 2
+        full_layers * max(1, model.full.kv_heads // tp) * model.full.head_dim * hidden * linear_weight_bytes
         if model.attention_k_eq_v
         else 0
     )

@@ -26,6 +26,7 @@ from gemmaserve.kv_cache import (
     tpu_block_size,
     tpu_kv_layout,
 )
+from gemmaserve.planned_flags import TPU_RUNTIME_QUANTIZATION
 from gemmaserve.spec import Spec, SpecError
 from gemmaserve.vllm_releases import VllmRelease, vllm_release
 
@@ -831,8 +832,17 @@ def _weights_gib_per_device(spec: Spec, tp: int) -> float:
     # does not limit keeps vLLM's default limit (999, MultiModalConfig.get_limit_per_prompt).
     vision_on = limits.get("image", 999) > 0 or limits.get("video", 999) > 0
     tower = model.vision_tower_bytes
-    text = model.checkpoint_bytes - tower
+    text = model.checkpoint_bytes - tower - _online_fp8_saving(spec)
     return ((text + assistant) / tp + (tower if vision_on else 0)) / GiB
+
+
+def _online_fp8_saving(spec: Spec) -> int:
+    """Bytes online FP8 takes off the checkpoint: each of the language model's linear weights the checkpoint holds
+    goes from 2 bytes to 1 (the MTP assistant, a separate draft model, stays 16-bit; the per-tensor scales are a
+    few kB). The V copy vLLM makes of K=V layers is FP8 too (gpu_profile's linear_weight_bytes)."""
+    if spec.workload.quantization != "fp8" or planned_quantization(spec) is None:
+        return 0
+    return linear_weight_elements(spec.model_info) or 0
 
 
 def _gpu_profile(spec: Spec, tp: int, mnbt: int, release: VllmRelease) -> GpuProfile:
@@ -847,6 +857,7 @@ def _gpu_profile(spec: Spec, tp: int, mnbt: int, release: VllmRelease) -> GpuPro
         release,
         cudagraphs_counted=not wl.enforce_eager and release.cudagraph_memory_counted(acc.vendor),
         speculative_tokens=wl.speculative.tokens,
+        linear_weight_bytes=1 if _online_fp8_saving(spec) else 2,
         capture_limit=1024
         if release.has("blackwell_capture_1024") and (acc.compute_capability or 0) // 10 == 10
         else 512,
@@ -1032,6 +1043,9 @@ def cache_key(spec: Spec, tp: int) -> str:
     if spec.serving.lora_adapters:
         # LoRA layers change the compiled graphs; without adapters the key stays what it always was.
         inputs["lora"] = [len(spec.serving.lora_adapters), _max_lora_rank(spec.adapters)]
+    if wl.quantization != "none":
+        # FP8 weights compile other kernels; a 16-bit plan's key stays what it always was.
+        inputs["quantization"] = wl.quantization
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
     return f"{spec.model_info.aliases[0]}-tp{tp}-v{spec.vllm_version}-{digest}"
 
@@ -1064,8 +1078,8 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
     argv += ["--tensor-parallel-size", str(tp)]
     if wl.dtype != "auto":
         argv += ["--dtype", wl.dtype]
-    if (checkpoint := spec.checkpoint) and checkpoint.quantization:
-        argv += list(checkpoint.quantization.flags)  # none today: vLLM detects every method read from config.json
+    if quantization := planned_quantization(spec):
+        argv += list(quantization.flags)  # online FP8's; vLLM detects every method read from config.json
     argv += ["--max-model-len", str(spec.max_model_len)]
     if not acc.is_cpu:  # the CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE instead
         argv += ["--gpu-memory-utilization", f"{wl.gpu_memory_utilization:.2f}"]
@@ -1151,45 +1165,137 @@ def hub_snapshot(repo: str, revision: str) -> str:
     return f"{HF_HOME}/hub/models--{owner}--{name}/snapshots/{revision}"
 
 
-def lora_slot_bytes(model: ModelInfo, tp: int, max_loras: int, max_rank: int) -> int | None:
-    """Bytes per GPU of the LoRA buffers vLLM 0.32.0 allocates when it loads the model: for every linear layer of
-    the language model, lora_a_stacked (n_slices x max_loras x rank x input) and lora_b_stacked (max_loras x output
-    x rank) in the model's 16-bit dtype, column-parallel layers split on output, row-parallel on input, replicated
-    ones whole (vllm/lora/layers/base_linear.py create_lora_weights, column_/row_/replicated_linear.py; every
-    LinearBase is wrapped, lora/utils.py get_supported_lora_modules). The layers are gemma4.py's: qkv_proj (q_proj
-    alone in KV-shared layers), o_proj, gate_up_proj/down_proj (double width in KV-shared layers with
-    use_double_wide_mlp), and with per-layer inputs per_layer_input_gate, per_layer_projection and the model's
-    per_layer_model_projection. MoE layers add the router's proj (replicated, hidden -> experts) and the experts'
-    buffers, one A and one B per expert for gate, up and down (lora/layers/fused_moe.py FusedMoEWithLoRA
-    _create_lora_a_weights/_create_lora_b_weights: Gemma 4's experts are gated, each split on the expert width
-    like the MLP). A vision tower's and embedder's linear layers get none (no PunicaWrapper matches them), with or
-    without a tower (Unified checkpoints). Checked against vLLM's own buffers in tests/vllm. None where the head
-    count or an MLP width is unknown."""
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer of the language model as vLLM 0.32.0 builds it on one tensor-parallel rank: its input width,
+    the output width of each slice it fuses (qkv_proj three, gate_up_proj two), and how many experts share it."""
+
+    input: int
+    outputs: tuple[int, ...]
+    experts: int = 1
+    # Built with the model's quantization config (the MoE router's GateLinear is not: it stays 16-bit).
+    quantized: bool = True
+
+    @property
+    def weight_elements(self) -> int:
+        return self.experts * self.input * sum(self.outputs)
+
+    def lora_elements(self) -> int:
+        """One adapter slot at rank 1: an A buffer per slice over the input, a B buffer over the outputs
+        (vllm/lora/layers/base_linear.py create_lora_weights; lora/layers/fused_moe.py for the experts)."""
+        return self.experts * (len(self.outputs) * self.input + sum(self.outputs))
+
+
+def language_model_linears(model: ModelInfo, tp: int) -> list[Linear] | None:
+    """Every LinearBase layer of vLLM's Gemma 4 language model (gemma4.py), split over `tp` ranks as vLLM splits it:
+    column-parallel layers on their outputs (QKVParallelLinear replicating KV heads when there are fewer than ranks),
+    row-parallel ones on their input, replicated ones whole. qkv_proj (q_proj alone in KV-shared layers; V is
+    allocated in attention_k_eq_v layers too, and loaded with K), o_proj, gate_up_proj/down_proj (double width in
+    KV-shared layers with use_double_wide_mlp), with per-layer inputs per_layer_input_gate, per_layer_projection and
+    the model's per_layer_model_projection; MoE layers add the router's proj and the experts' gate_up and down, split
+    on the expert width. None where the head count or an MLP width is unknown."""
     if model.num_attention_heads is None or model.intermediate_size is None:
         return None
     if model.is_moe and model.moe_intermediate_size is None:
         return None
     hidden, heads, ple = model.hidden_size, model.num_attention_heads, model.per_layer_input_size
     first_shared = model.num_layers - model.num_kv_shared_layers
-    elements = hidden + ple * model.num_layers // tp if ple else 0  # per_layer_model_projection (column-parallel)
+    layers = [Linear(hidden, (ple * model.num_layers // tp,))] if ple else []  # per_layer_model_projection
     for index, kind in enumerate(model.layer_kinds):
         shape, shared = model.shape(kind), index >= first_shared
         q = heads * shape.head_dim // tp
-        # QKVParallelLinear replicates KV heads when there are fewer than ranks.
         kv = max(1, shape.kv_heads // tp) * shape.head_dim
-        elements += hidden + q if shared else 3 * hidden + q + 2 * kv  # q_proj, or qkv_proj: A per slice
-        elements += q + hidden  # o_proj (row-parallel)
+        layers.append(Linear(hidden, (q,) if shared else (q, kv, kv)))  # q_proj, or qkv_proj
+        layers.append(Linear(q, (hidden,)))  # o_proj (row-parallel)
         mlp = model.intermediate_size * (2 if shared and model.double_wide_mlp else 1)
-        elements += 2 * hidden + 2 * mlp // tp  # gate_up_proj: A per slice, B over the rank's outputs
-        elements += mlp // tp + hidden  # down_proj (row-parallel)
+        layers.append(Linear(hidden, (mlp // tp, mlp // tp)))  # gate_up_proj
+        layers.append(Linear(mlp // tp, (hidden,)))  # down_proj (row-parallel)
         if ple:
-            elements += 2 * (hidden + ple)  # per_layer_input_gate and per_layer_projection (replicated)
+            layers += [Linear(hidden, (ple,)), Linear(ple, (hidden,))]  # per_layer_input_gate, per_layer_projection
         if model.is_moe:
             experts, width = model.num_experts, model.moe_intermediate_size // tp
-            elements += hidden + experts  # router.proj (replicated)
-            elements += experts * (2 * hidden + width)  # A: gate and up read hidden, down reads the expert width
-            elements += experts * (2 * width + hidden)  # B: gate and up write the expert width, down hidden
-    return elements * max_loras * max_rank * 2
+            layers.append(Linear(hidden, (experts,), quantized=False))  # router.proj (replicated GateLinear)
+            layers.append(Linear(hidden, (width, width), experts))  # the experts' gate and up
+            layers.append(Linear(width, (hidden,), experts))  # the experts' down
+    return layers
+
+
+def lora_slot_bytes(model: ModelInfo, tp: int, max_loras: int, max_rank: int) -> int | None:
+    """Bytes per GPU of the LoRA buffers vLLM 0.32.0 allocates when it loads the model: for every linear layer of
+    the language model (language_model_linears), lora_a_stacked (n_slices x max_loras x rank x input) and
+    lora_b_stacked (max_loras x output x rank) in the model's 16-bit dtype (vllm/lora/layers/base_linear.py
+    create_lora_weights, column_/row_/replicated_linear.py; every LinearBase is wrapped, lora/utils.py
+    get_supported_lora_modules), the experts one A and one B each for gate, up and down (lora/layers/fused_moe.py
+    FusedMoEWithLoRA _create_lora_a_weights/_create_lora_b_weights). A vision tower's and embedder's linear layers
+    get none (no PunicaWrapper matches them), with or without a tower (Unified checkpoints). Checked against vLLM's
+    own buffers in tests/vllm. None where the head count or an MLP width is unknown."""
+    layers = language_model_linears(model, tp)
+    if layers is None:
+        return None
+    return sum(layer.lora_elements() for layer in layers) * max_loras * max_rank * 2
+
+
+def linear_weight_elements(model: ModelInfo) -> int | None:
+    """The language model's quantized linear weights as the checkpoint holds them (language_model_linears at TP1,
+    less the V slices of K=V layers, which vLLM fills from K): what online FP8 takes to 1 byte. None where the
+    shapes are unknown. tests/vllm counts the weights vLLM's own OnlineQuantizationConfig quantizes."""
+    layers = language_model_linears(model, 1)
+    if layers is None:
+        return None
+    full_layers = sum(1 for kind in model.layer_kinds if kind == "full")
+    v_copies = (
+        full_layers * model.full.kv_heads * model.full.head_dim * model.hidden_size if model.attention_k_eq_v else 0
+    )
+    return sum(layer.weight_elements for layer in layers if layer.quantized) - v_copies
+
+
+def online_fp8(release: VllmRelease) -> Quantization:
+    """vLLM's online FP8 of a 16-bit checkpoint: every LinearBase and the routed experts to FP8 with per-tensor
+    scales while loading, as `--quantization fp8_per_tensor` (0.20.0 on) or `fp8` (0.19) asks; below compute
+    capability 8.9 the Marlin FP8 kernel runs it weight-only (online/fp8.py MarlinFP8ScaledMMLinearKernel)."""
+    method = "fp8_per_tensor" if release.has("online_fp8_per_tensor") else "fp8"
+    source = f"vllm/model_executor/layers/quantization/online/fp8.py, --quantization {method}, v{release.version}"
+    return Quantization(method, "fp8-online", 75, 89, source, flags=("--quantization", method))
+
+
+def planned_quantization(spec: Spec) -> Quantization | None:
+    """The checkpoint's own quantization, or online FP8 of a 16-bit checkpoint (workload.quantization)."""
+    checkpoint = spec.checkpoint
+    if checkpoint and checkpoint.quantization:
+        return checkpoint.quantization
+    if spec.workload.quantization == "fp8" and spec.accelerator_info.is_gpu:
+        return online_fp8(_release(spec))
+    return None
+
+
+def _online_quantization_problems(spec: Spec, from_checkpoint: Quantization | None) -> list[str]:
+    """Where online FP8 cannot run, or gemmaserve cannot count it; the hardware rules are _quantization_problems'."""
+    if spec.workload.quantization != "fp8":
+        return []
+    field, model, acc = "workload.quantization = 'fp8'", spec.model_info, spec.accelerator_info
+    if from_checkpoint is not None:
+        return [f"{field}: {spec.model} is quantized already, {from_checkpoint.describe()}; allowed: none"]
+    if acc.is_tpu:
+        return [f"{field}: {TPU_RUNTIME_QUANTIZATION}"]
+    if acc.is_cpu:
+        return [f"{field}: {CPU_FP8}; allowed: none on the cpu accelerator"]
+    release = _release(spec)
+    towers = model.supports_audio or (
+        model.vision_tower_widths is not None and all(width % 64 == 0 for width in model.vision_tower_widths)
+    )
+    if model.unified or (towers and release.has("towers_quantized")):
+        what = "its patch and audio projections" if model.unified else "its vision and audio towers"
+        return [
+            f"{field}: vLLM {release.version} quantizes {what} with {model.hf_id}'s language model "
+            "(vllm/model_executor/models/gemma4_mm.py: towers whose widths are multiples of 64), and gemmaserve counts "
+            "the language model's linear layers only; allowed: none, or a release before 0.23.0"
+        ]
+    if linear_weight_elements(model) is None:
+        return [
+            f"{field}: {model.hf_id}'s config.json lacks the head count or an MLP width, so its linear layers cannot "
+            "be counted; allowed: none"
+        ]
+    return []
 
 
 def replicas_offline(spec: Spec) -> bool:
@@ -1369,6 +1475,8 @@ def _quantization_problems(spec: Spec, quantization: Quantization | None, warnin
     if quantization is None:
         return []
     acc, what = spec.accelerator_info, f"{spec.model} is quantized {quantization.describe()}"
+    if quantization.flags:
+        what = f"workload.quantization = 'fp8' ({quantization.describe()})"
     if acc.vendor == "nvidia" and acc.compute_capability is not None:
         cc = acc.compute_capability
         if cc < quantization.min_capability:
@@ -1505,9 +1613,10 @@ def plan(spec: Spec, available_kv_gib: float | None = None) -> Plan:
         accelerator=acc,
         engine=engine,
         weights=WeightsPlan.of(spec),
-        quantization=checkpoint.quantization if checkpoint else None,
+        quantization=planned_quantization(spec),
         adapters=adapters,
     )
+    result.refusals += _online_quantization_problems(spec, checkpoint.quantization if checkpoint else None)
     result.refusals += _quantization_problems(spec, result.quantization, result.warnings)
     if adapters and _max_lora_rank(adapters) > MAX_LORA_RANKS[-1]:
         result.refusals.append(

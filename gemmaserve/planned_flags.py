@@ -47,7 +47,8 @@ PLANNED: dict[str, str] = {
     "speculative_config": "workload.speculative",
     "enforce_eager": "workload.enforce_eager",
     "dtype": "workload.dtype",
-    "quantization": "the checkpoint's own quantization_config, which vLLM detects (docs/checkpoints.md)",
+    "quantization": "workload.quantization (fp8: online) or the checkpoint's own quantization_config, which vLLM "
+    "detects (docs/checkpoints.md)",
     "cpu_offload_gb": "nothing: the plan counts every weight on the GPU (serve a smaller or quantized checkpoint)",
     "enable_auto_tool_choice": "workload.tool_calling",
     "tool_call_parser": "workload.tool_calling",

@@ -235,6 +235,10 @@ class Workload(Strict):
     vision_token_budget: Literal[70, 140, 280, 560, 1120] | None = None
     block_size: Literal[8, 16, 32, 64, 128, 256] | None = None
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    quantization: Literal["none", "fp8"] = Field(
+        "none",
+        description="fp8: vLLM quantizes a 16-bit checkpoint's linear layers to FP8 while loading (online).",
+    )
     tool_calling: bool = True
     reasoning: bool = True
     enforce_eager: bool = False

@@ -41,6 +41,11 @@ The rules, and what each changes in the plan (gemmaserve/kv_cache.py applies the
   after loading (V2's sampler penalty state) count; before, only weights + torch peak + non-torch growth.
 - gemma4_unified: since 0.23.0 vLLM serves Gemma 4 Unified checkpoints (Gemma4UnifiedForConditionalGeneration:
   no vision or audio tower, the same Gemma 4 language model); before, their architecture is unknown to it.
+- online_fp8_per_tensor: since 0.20.0 `--quantization fp8_per_tensor` quantizes a 16-bit checkpoint's linear
+  layers to FP8 while loading (the online shorthands); 0.19 does it with `--quantization fp8`, which 0.31.0
+  stopped taking for a checkpoint that is not FP8 already (quantization/fp8.py Fp8Config).
+- towers_quantized: since 0.23.0 a quantization applies to the vision and audio towers too where the vision
+  tower's widths are multiples of 64 (E2B/E4B: 768 and 3072; 31B and 26B-A4B's 4304 is not), gemma4_mm.py.
 - gemma4_mtp_shares_kv: Gemma 4's MTP drafter owns no KV cache (all its layers read the target's), and
   with one MTP module vLLM keeps no extra sliding-window tokens (extra_retained_tokens = 0), so MTP
   leaves the accounting unchanged; ngram drafting has no layers at all.
@@ -71,6 +76,8 @@ RULE_TEXT = {
     "consumed_memory_counted": "result.total_consumed + result.transient_peak_headroom",
     "blackwell_capture_1024": "1024 if current_platform.is_device_capability_family(100) else 512",
     "gemma4_unified": '"Gemma4UnifiedForConditionalGeneration": (',
+    "online_fp8_per_tensor": '"fp8_per_tensor",',
+    "towers_quantized": "quantizable = ",
 }
 
 # Where each rule lives in the releases that do not cite it (the check that it is absent reads these).
@@ -94,6 +101,8 @@ RULE_FILES = {
     "consumed_memory_counted": ("vllm/utils/mem_utils.py",),
     "blackwell_capture_1024": ("vllm/config/vllm.py",),
     "gemma4_unified": ("vllm/model_executor/models/registry.py",),
+    "online_fp8_per_tensor": ("vllm/model_executor/layers/quantization/__init__.py",),
+    "towers_quantized": ("vllm/model_executor/models/gemma4_mm.py",),
 }
 
 # Release -> rule -> "path:line" in that release's `vllm` wheel.
@@ -114,6 +123,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_estimate_on": "vllm/envs.py:1725",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1127",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:930",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:42",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:436",
         "tokens_from_blocks": "vllm/v1/core/kv_cache_utils.py:1696",
     },
@@ -121,6 +131,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_estimate_on": "vllm/envs.py:1737",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1139",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:945",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:42",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:436",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1706",
     },
@@ -128,6 +139,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "cudagraph_estimate_on": "vllm/envs.py:1737",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1139",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:945",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:42",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:436",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1706",
     },
@@ -136,6 +148,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "gemma4_mtp_shares_kv": "vllm/model_executor/models/gemma4_mtp.py:6",
         "group_size": "vllm/v1/core/kv_cache_utils.py:1139",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:945",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:42",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:458",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1708",
     },
@@ -145,6 +158,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "group_size": "vllm/v1/core/kv_cache_utils.py:1144",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2540",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:950",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:42",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:478",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1731",
     },
@@ -154,6 +168,7 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "group_size": "vllm/v1/core/kv_cache_utils.py:1144",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2540",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:950",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:42",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:478",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1731",
     },
@@ -164,8 +179,10 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "group_size": "vllm/v1/core/kv_cache_utils.py:1161",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2545",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:967",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:41",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:503",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1742",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1029",
     },
     "0.24.0": {
         "cudagraph_estimate_on": "vllm/envs.py:1895",
@@ -174,8 +191,10 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "group_size": "vllm/v1/core/kv_cache_utils.py:1195",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2633",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:987",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:41",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:521",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1798",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1033",
     },
     "0.25.0": {
         "cudagraph_estimate_on": "vllm/envs.py:1932",
@@ -184,9 +203,11 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "group_size": "vllm/v1/core/kv_cache_utils.py:1195",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2655",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:987",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:41",
         "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:651",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:561",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1798",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1039",
         "v2_runner_for_dense": "vllm/config/vllm.py:573",
     },
     "0.25.1": {
@@ -196,9 +217,11 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "group_size": "vllm/v1/core/kv_cache_utils.py:1195",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2655",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:987",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:41",
         "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:651",
         "sliding_reserve_one_batch": "vllm/v1/kv_cache_interface.py:561",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1798",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1039",
         "v2_runner_for_dense": "vllm/config/vllm.py:573",
     },
     "0.26.0": {
@@ -209,9 +232,11 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "group_size": "vllm/v1/core/kv_cache_utils.py:1224",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2693",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:1005",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:41",
         "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:532",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1829",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1039",
         "v2_runner_for_dense": "vllm/config/vllm.py:621",
     },
     "0.27.0": {
@@ -223,9 +248,11 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "group_size": "vllm/v1/core/kv_cache_utils.py:1248",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2777",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:1008",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:41",
         "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:560",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1887",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1052",
         "v2_runner_for_dense": "vllm/config/vllm.py:658",
     },
     "0.27.1": {
@@ -237,9 +264,11 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "group_size": "vllm/v1/core/kv_cache_utils.py:1248",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2777",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:1008",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:41",
         "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:656",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:560",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1887",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1052",
         "v2_runner_for_dense": "vllm/config/vllm.py:658",
     },
     "0.28.0": {
@@ -253,9 +282,11 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2582",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2821",
         "num_blocks_per_layer": "vllm/v1/core/kv_cache_utils.py:988",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:40",
         "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:635",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:570",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1858",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1060",
         "v2_runner_for_dense": "vllm/config/vllm.py:712",
     },
     "0.29.0": {
@@ -270,9 +301,11 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2698",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2937",
         "num_blocks": "vllm/v1/core/kv_cache_utils.py:1440",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:40",
         "sliding_block_smallest_kernel": "vllm/model_executor/layers/attention/attention.py:635",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:579",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:2021",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1079",
         "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:898",
     },
     "0.30.0": {
@@ -287,8 +320,10 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2730",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:2969",
         "num_blocks": "vllm/v1/core/kv_cache_utils.py:1750",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:43",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:609",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:2383",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1105",
         "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:985",
     },
     "0.31.0": {
@@ -303,8 +338,10 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2858",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:3097",
         "num_blocks": "vllm/v1/core/kv_cache_utils.py:1771",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:43",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:612",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:2452",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1090",
         "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:1006",
     },
     "0.32.0": {
@@ -319,8 +356,10 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2923",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:3162",
         "num_blocks": "vllm/v1/core/kv_cache_utils.py:1627",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:43",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:597",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:2308",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:1088",
         "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:1040",
     },
     "0.33.0": {
@@ -335,8 +374,10 @@ VLLM_CITATIONS: dict[str, dict[str, str]] = {
         "large_gpu_batch_defaults": "vllm/engine/arg_utils.py:2973",
         "multimodal_batch_floor": "vllm/engine/arg_utils.py:3216",
         "num_blocks": "vllm/v1/core/kv_cache_planning.py:681",
+        "online_fp8_per_tensor": "vllm/model_executor/layers/quantization/__init__.py:43",
         "sliding_reserve_in_flight": "vllm/config/vllm.py:608",
         "tokens_from_concurrency": "vllm/v1/core/kv_cache_utils.py:1128",
+        "towers_quantized": "vllm/model_executor/models/gemma4_mm.py:117",
         "v2_runner_cudagraph_estimate": "vllm/v1/worker/gpu/model_runner.py:1073",
     },
 }

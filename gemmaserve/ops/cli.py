@@ -301,7 +301,8 @@ def _print_plan(result) -> None:
     console.print(f"[bold]weights[/bold]: {where}", markup=True, highlight=False)
     if result.quantization:
         q = result.quantization
-        console.print(f"quantization: {q.describe()}, detected by vLLM from config.json", markup=False, highlight=False)
+        how = "16-bit weights quantized while vLLM loads them" if q.flags else "detected by vLLM from config.json"
+        console.print(f"quantization: {q.describe()}, {how}", markup=False, highlight=False)
     for adapter in result.adapters:
         console.print(
             f"LoRA adapter: {adapter.name} (rank {adapter.rank}, from {adapter.source})", markup=False, highlight=False

@@ -105,6 +105,21 @@ PUBLIC_GPU_LOGS = [
     ),
     pytest.param({"model": "31b", **RTX_PRO_6000_0251}, 24.87, 191_862, id="rtx-pro-6000-31b-0.25.1-v2"),
     pytest.param({"model": "26b-a4b", **RTX_PRO_6000_0251}, 32.42, 1_000_429, id="rtx-pro-6000-26b-a4b-0.25.1-v1"),
+    # The same tables' fp8 rows: the 16-bit checkpoints quantized to FP8 while loading (QUANT=fp8: --quantization fp8,
+    # vLLM 0.25.1's online FP8, which the plan asks for as fp8_per_tensor), "52.22 GiB | 402,842" and
+    # "54.59 GiB | 1,684,812".
+    pytest.param(
+        {"model": "31b", **RTX_PRO_6000_0251, "workload": RTX_PRO_6000_0251["workload"] | {"quantization": "fp8"}},
+        52.22,
+        402_842,
+        id="rtx-pro-6000-31b-online-fp8-0.25.1",
+    ),
+    pytest.param(
+        {"model": "26b-a4b", **RTX_PRO_6000_0251, "workload": RTX_PRO_6000_0251["workload"] | {"quantization": "fp8"}},
+        54.59,
+        1_684_812,
+        id="rtx-pro-6000-26b-a4b-online-fp8-0.25.1",
+    ),
 ]
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from gemmaserve.catalog import ModelInfo
 from gemmaserve.checkpoint import CheckpointRef, architecture, parse_quantization
-from gemmaserve.plan import MAX_LORA_RANKS, lora_slot_bytes, plan
+from gemmaserve.plan import MAX_LORA_RANKS, language_model_linears, linear_weight_elements, lora_slot_bytes, plan
 from gemmaserve.spec import parse_spec
 from roles._lib.programs import program_source
 
@@ -440,6 +440,103 @@ def test_lora_buffers_are_what_vllm_allocates(lora_verdicts, name: str) -> None:
         hf_id=name, aliases=(name,), checkpoint_bytes=1, total_params_b=0, **architecture(config, CheckpointRef(name))
     )
     assert lora_slot_bytes(info, 1, case["max_loras"], case["rank"]) == lora_verdicts["bytes"][name]
+
+
+# --- online FP8: the layers vLLM's OnlineQuantizationConfig quantizes ------------------------------------------------
+
+ONLINE_FP8_JUDGE = r"""
+import json, os, sys
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.distributed import init_distributed_environment, initialize_model_parallel
+from vllm.model_executor.model_loader.utils import get_model_architecture
+
+out, started = {}, False
+for case in json.load(sys.stdin):
+    model_config = ModelConfig(
+        model=case["dir"], skip_tokenizer_init=True, dtype="bfloat16", quantization="fp8_per_tensor"
+    )
+    vllm_config = VllmConfig(model_config=model_config)
+    with set_current_vllm_config(vllm_config):
+        if not started:
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"tcp://127.0.0.1:{case['port']}")
+            initialize_model_parallel(1, 1)
+            started = True
+        model = get_model_architecture(model_config)[0](vllm_config=vllm_config)
+    # The weights of every layer the online config gave a quantizing method (the 16-bit tensors it turns to FP8).
+    quantized, inside = 0, 0
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or "Unquantized" in type(method).__name__:
+            continue
+        elements = sum(p.numel() for n, p in module.named_parameters(recurse=False) if n in ("weight", "w13_weight", "w2_weight"))
+        quantized += elements
+        inside += elements if "layers." in name and "tower" not in name else 0
+    out[case["name"]] = {"quantized": quantized, "language_model_layers": inside}
+print(json.dumps(out))
+"""
+
+# The LoRA cases, and a vision tower whose widths are multiples of 64 (E2B/E4B's 768 and 3072 are): vLLM quantizes
+# that tower with the model, which gemmaserve does not count, so such a plan is refused.
+QUANTIZABLE_TOWER = TINY_VISION | {"hidden_size": 64, "intermediate_size": 128}
+ONLINE_FP8_COUNTED = ["k-eq-v", "plain-attention", "wide", "experts", "per-layer-inputs", "with-vision-tower"]
+ONLINE_FP8_REFUSED = ["unified", "quantizable-tower"]
+
+
+@pytest.fixture(scope="module")
+def online_fp8_verdicts(vllm_python: Path, tmp_path_factory) -> dict:
+    cases = []
+    for name in ONLINE_FP8_COUNTED + ONLINE_FP8_REFUSED:
+        if name == "quantizable-tower":
+            config = lora_case_config("with-vision-tower", {}) | {"vision_config": QUANTIZABLE_TOWER}
+        else:
+            config = lora_case_config(name, LORA_CASES[name][0])
+        root = tmp_path_factory.mktemp(f"fp8-{name}")
+        (root / "config.json").write_text(json.dumps(config))
+        cases.append({"name": name, "dir": str(root), "port": 29577})
+    proc = subprocess.run(
+        [str(vllm_python), "-c", ONLINE_FP8_JUDGE], input=json.dumps(cases), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"cases": {c["name"]: c for c in cases}, "counts": json.loads(proc.stdout.splitlines()[-1])}
+
+
+def _info(case: dict) -> ModelInfo:
+    config = json.loads((Path(case["dir"]) / "config.json").read_text())
+    name = case["name"]
+    return ModelInfo(
+        hf_id=name, aliases=(name,), checkpoint_bytes=1, total_params_b=0, **architecture(config, CheckpointRef(name))
+    )
+
+
+@pytest.mark.parametrize("name", ONLINE_FP8_COUNTED)
+def test_online_fp8_quantizes_the_linear_layers_gemmaserve_counts(online_fp8_verdicts, name: str) -> None:
+    """vLLM 0.32.0's --quantization fp8_per_tensor, built on the CPU: its quantizing methods hold exactly the weights
+    gemmaserve's language_model_linears marks quantized (the MoE router's GateLinear stays 16-bit; a vision tower
+    whose widths are not multiples of 64 too)."""
+    info = _info(online_fp8_verdicts["cases"][name])
+    mine = sum(layer.weight_elements for layer in language_model_linears(info, 1) if layer.quantized)
+    assert online_fp8_verdicts["counts"][name]["quantized"] == mine
+    # The checkpoint's own linear weights (no V copies of K=V layers) are what the plan takes to 1 byte.
+    full_kv = sum(1 for k in info.layer_kinds if k == "full") * info.full.kv_heads * info.full.head_dim
+    assert linear_weight_elements(info) == mine - (full_kv * info.hidden_size if info.attention_k_eq_v else 0)
+
+
+@pytest.mark.parametrize("name", ONLINE_FP8_REFUSED)
+def test_online_fp8_that_reaches_beyond_the_language_model_is_refused(online_fp8_verdicts, name: str, tmp_path) -> None:
+    """A Unified checkpoint's patch projection and a tower with widths in multiples of 64 are quantized too: more than
+    gemmaserve counts, so the plan refuses online FP8 for them rather than guess."""
+    case = online_fp8_verdicts["cases"][name]
+    info = _info(case)
+    counted = sum(layer.weight_elements for layer in language_model_linears(info, 1) if layer.quantized)
+    counts = online_fp8_verdicts["counts"][name]
+    assert counts["language_model_layers"] == counted and counts["quantized"] > counted
+    (tmp_path / "config.json").write_text((Path(case["dir"]) / "config.json").read_text())
+    (tmp_path / "model.safetensors.index.json").write_text('{"metadata": {"total_size": 1000000}, "weight_map": {}}')
+    spec = {"model": str(tmp_path), "accelerator": {"kind": "h100-80gb"}, "workload": {"quantization": "fp8"}}
+    result = plan(parse_spec(spec))
+    assert not result.ok and result.refusals[0].startswith("workload.quantization = 'fp8': vLLM 0.32.0 quantizes")
 
 
 # --- --speculative-config as vLLM's SpeculativeConfig reads it -------------------------------------------------------
