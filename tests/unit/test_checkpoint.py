@@ -760,19 +760,21 @@ def test_published_unified_w4a16_checkpoint_plans_on_gpu_and_is_refused_where_it
     assert plan(parse_spec(spec | {"engine": {"vllm_version": "0.23.0"}})).ok
 
 
+def served_on_e2b(tmp_path: Path, fixture: str, name: str):
+    """E2B on an L4 serving the recorded adapter `fixture` as `name`: (its directory, the plan)."""
+    root = adapter_dir(tmp_path, fixture)
+    data = {
+        "model": "e2b",
+        "accelerator": {"kind": "l4"},
+        "serving": {"lora_adapters": [{"name": name, "source": str(root)}]},
+    }
+    return root, plan(parse_spec(data)).require_ok()
+
+
 def test_published_unsloth_adapter_is_served_on_e2b(tmp_path: Path) -> None:
     """A LoRA adapter as PEFT 0.18.1 saved it for Unsloth's E2B (tests/unit/checkpoints/README.md): rank 16 on the
     attention and MLP projections; served under its name with vLLM's smallest rank that holds it."""
-    root = adapter_dir(tmp_path, "unsloth-gemma-4-e2b-lora-r16")
-    result = plan(
-        parse_spec(
-            {
-                "model": "e2b",
-                "accelerator": {"kind": "l4"},
-                "serving": {"lora_adapters": [{"name": "pog", "source": str(root)}]},
-            }
-        )
-    ).require_ok()
+    root, result = served_on_e2b(tmp_path, "unsloth-gemma-4-e2b-lora-r16", "pog")
     assert [(a.rank, "q_proj" in a.target_modules) for a in result.adapters] == [(16, True)]
     argv = result.replicas[0].argv
     assert argv[argv.index("--max-lora-rank") + 1] == "16" and f"pog={root}" in argv[argv.index("--lora-modules") + 1]
@@ -781,16 +783,7 @@ def test_published_unsloth_adapter_is_served_on_e2b(tmp_path: Path) -> None:
 def test_published_adapter_with_a_regex_target_is_served_on_e2b(tmp_path: Path) -> None:
     """A LoRA adapter as PEFT 0.19.1 saved it for E2B with target_modules one regular expression (the language
     model's attention and MLP projections; tests/unit/checkpoints/README.md): read as one target, rank 16."""
-    root = adapter_dir(tmp_path, "gemma4-gsm8k-e2b-lora-r16-regex")
-    result = plan(
-        parse_spec(
-            {
-                "model": "e2b",
-                "accelerator": {"kind": "l4"},
-                "serving": {"lora_adapters": [{"name": "gsm8k", "source": str(root)}]},
-            }
-        )
-    ).require_ok()
+    _, result = served_on_e2b(tmp_path, "gemma4-gsm8k-e2b-lora-r16-regex", "gsm8k")
     (adapter,) = result.adapters
     assert adapter.rank == 16 and len(adapter.target_modules) == 1
     assert re.fullmatch(adapter.target_modules[0], "model.language_model.layers.3.mlp.down_proj")

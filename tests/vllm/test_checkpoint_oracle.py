@@ -266,14 +266,32 @@ def test_transformers_reads_config_json_as_gemmaserve_does(config_verdicts, name
 
 # --- the LoRA buffers vLLM allocates while it loads the model ------------------------------------------------------
 
-LORA_JUDGE = r"""
+# The start of a judge script that builds vLLM's own Gemma 4 on the CPU: `build(vllm_config, port)` makes the model a
+# config describes (its weights uninitialised), in a one-rank gloo process group set up on the first call.
+BUILD_MODEL = r"""
 import json, os, sys
 os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-import torch
-from vllm.config import LoRAConfig, ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from vllm.distributed import init_distributed_environment, initialize_model_parallel
-from vllm.lora.model_manager import LoRAModelManager
 from vllm.model_executor.model_loader.utils import get_model_architecture
+
+_group = []
+def build(vllm_config, port):
+    with set_current_vllm_config(vllm_config):
+        if not _group:
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"tcp://127.0.0.1:{port}")
+            initialize_model_parallel(1, 1)
+            _group.append(port)
+        return get_model_architecture(vllm_config.model_config)[0](vllm_config=vllm_config)
+"""
+
+LORA_JUDGE = (
+    BUILD_MODEL
+    + r"""
+import torch
+from vllm.config import LoRAConfig
+from vllm.lora.model_manager import LoRAModelManager
 from vllm.lora.layers import fused_moe
 
 # The CPU build has no LoRA-capable fused-MoE kernel: FusedMoEWithLoRA.__init__ fails its kernel check ("Old-style
@@ -294,18 +312,12 @@ fused_moe.FusedMoEWithLoRA.__init__ = _init_without_kernel
 fused_moe.FusedMoEWithLoRA.set_mapping = _set_mapping_without_kernel
 
 out = {}
-started = False
 for case in json.load(sys.stdin):
     model_config = ModelConfig(model=case["dir"], skip_tokenizer_init=True, dtype="bfloat16")
     lora_config = LoRAConfig(max_lora_rank=case["rank"], max_loras=case["max_loras"])
     vllm_config = VllmConfig(model_config=model_config, lora_config=lora_config)
+    model = build(vllm_config, case["port"])
     with set_current_vllm_config(vllm_config):
-        if not started:
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"tcp://127.0.0.1:{case['port']}")
-            initialize_model_parallel(1, 1)
-            started = True
-        model = get_model_architecture(model_config)[0](vllm_config=vllm_config)
         # The manager wraps the model's layers and allocates every adapter slot, as load_lora_model does.
         LoRAModelManager(model, 4, 64, model_config.get_vocab_size(), lora_config, torch.device("cpu"), vllm_config)
     # Every LoRA buffer a wrapped layer holds (lora_a_stacked, w13_lora_b_stacked, ...), counted once per storage:
@@ -320,6 +332,7 @@ for case in json.load(sys.stdin):
     out[case["name"]] = sum(storages.values())
 print(json.dumps(out))
 """
+)
 
 TINY_TEXT = {
     "architectures": ["Gemma4ForCausalLM"],
@@ -444,26 +457,15 @@ def test_lora_buffers_are_what_vllm_allocates(lora_verdicts, name: str) -> None:
 
 # --- online FP8: the layers vLLM's OnlineQuantizationConfig quantizes ------------------------------------------------
 
-ONLINE_FP8_JUDGE = r"""
-import json, os, sys
-os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
-from vllm.distributed import init_distributed_environment, initialize_model_parallel
-from vllm.model_executor.model_loader.utils import get_model_architecture
-
-out, started = {}, False
+ONLINE_FP8_JUDGE = (
+    BUILD_MODEL
+    + r"""
+out = {}
 for case in json.load(sys.stdin):
     model_config = ModelConfig(
         model=case["dir"], skip_tokenizer_init=True, dtype="bfloat16", quantization="fp8_per_tensor"
     )
-    vllm_config = VllmConfig(model_config=model_config)
-    with set_current_vllm_config(vllm_config):
-        if not started:
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"tcp://127.0.0.1:{case['port']}")
-            initialize_model_parallel(1, 1)
-            started = True
-        model = get_model_architecture(model_config)[0](vllm_config=vllm_config)
+    model = build(VllmConfig(model_config=model_config), case["port"])
     # The weights of every layer the online config gave a quantizing method (the 16-bit tensors it turns to FP8).
     quantized, inside = 0, 0
     for name, module in model.named_modules():
@@ -476,6 +478,7 @@ for case in json.load(sys.stdin):
     out[case["name"]] = {"quantized": quantized, "language_model_layers": inside}
 print(json.dumps(out))
 """
+)
 
 # The LoRA cases, and a vision tower whose widths are multiples of 64 (E2B/E4B's 768 and 3072 are): vLLM quantizes
 # that tower with the model, which gemmaserve does not count, so such a plan is refused.
