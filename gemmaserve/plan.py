@@ -724,6 +724,11 @@ class Plan:
                 "revision": self.weights.revision,
                 "uri": self.weights.uri,
                 "local_dir": self.weights.local_dir,
+                # Pinned snapshots the weights role downloads from the hub besides (or instead of) the model.
+                "hub_snapshots": [
+                    {"repo": repo, "revision": revision}
+                    for repo, revision in (*self.weights.hub_adapters, *filter(None, [self.weights.hub_assistant]))
+                ],
             },
             "warnings": self.warnings,
         }

@@ -125,6 +125,9 @@ def test_what_a_bucket_checkpoint_cannot_be_given_is_named(bucket, tmp_path, mon
     pinned = mtp | {"weights": {"assistant_revision": "e" * 40}}
     streamed = plan(parse_spec(pinned)).require_ok()
     assert streamed.weights.hub_assistant == ("google/gemma-4-31B-it-assistant", "e" * 40)
+    assert streamed.to_json()["weights"]["hub_snapshots"] == [
+        {"repo": "google/gemma-4-31B-it-assistant", "revision": "e" * 40}
+    ]
     argv = streamed.replicas[0].argv
     assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == (
         f"/var/lib/gemmaserve/hf/hub/models--google--gemma-4-31B-it-assistant/snapshots/{'e' * 40}"
