@@ -1255,8 +1255,8 @@ def linear_weight_elements(model: ModelInfo) -> int | None:
 
 
 def online_fp8(release: VllmRelease) -> Quantization:
-    """vLLM's online FP8 of a 16-bit checkpoint: every LinearBase and the routed experts to FP8 with per-tensor
-    scales while loading, as `--quantization fp8_per_tensor` (0.20.0 on) or `fp8` (0.19) asks; below compute
+    """vLLM's online FP8 of a 16-bit checkpoint: the language model's linear layers (not the MoE router's GateLinear)
+    and the routed experts to FP8 with per-tensor scales while loading, as `--quantization fp8_per_tensor` (0.20.0 on) or `fp8` (0.19) asks; below compute
     capability 8.9 the Marlin FP8 kernel runs it weight-only (online/fp8.py MarlinFP8ScaledMMLinearKernel)."""
     method = "fp8_per_tensor" if release.has("online_fp8_per_tensor") else "fp8"
     source = f"vllm/model_executor/layers/quantization/online/fp8.py, --quantization {method}, v{release.version}"
@@ -1289,11 +1289,15 @@ def _online_quantization_problems(spec: Spec, from_checkpoint: Quantization | No
         model.vision_tower_widths is not None and all(width % 64 == 0 for width in model.vision_tower_widths)
     )
     if model.unified or (towers and release.has("towers_quantized")):
-        what = "its patch and audio projections" if model.unified else "its vision and audio towers"
+        if model.unified:
+            what, where, allowed = "its patch and audio projections", "gemma4_unified.py", "none"
+        else:
+            what, where = "its vision and audio towers", "gemma4_mm.py: towers whose widths are multiples of 64"
+            allowed = "none, or a release before 0.23.0"
         return [
             f"{field}: vLLM {release.version} quantizes {what} with {model.hf_id}'s language model "
-            "(vllm/model_executor/models/gemma4_mm.py: towers whose widths are multiples of 64), and gemmaserve counts "
-            "the language model's linear layers only; allowed: none, or a release before 0.23.0"
+            f"(vllm/model_executor/models/{where}), and gemmaserve counts the language model's linear layers only; "
+            f"allowed: {allowed}"
         ]
     if linear_weight_elements(model) is None:
         return [
