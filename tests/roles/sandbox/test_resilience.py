@@ -66,7 +66,10 @@ DEPLOYED: dict[str, dict] = {}
 
 
 def unit_started(sandbox_host, index: int) -> str:
-    return sandbox_host.run(f"systemctl show -p ActiveEnterTimestampMonotonic --value vllm@{index}").stdout.strip()
+    """Which start of vllm@index runs: systemd's InvocationID, new at each start. (ActiveEnterTimestamp was not: a
+    replica restarted by the test before, serving behind HAProxy but still in its ExecStartPost readiness step,
+    entered "active" during the next test, as if that test's deploy had restarted it.)"""
+    return sandbox_host.run(f"systemctl show -p InvocationID --value vllm@{index}").stdout.strip()
 
 
 def haproxy_status(sandbox_host) -> dict[str, str]:
@@ -349,6 +352,10 @@ def test_sigkilled_replica_fails_no_request_sent_after_the_kill_and_is_restarted
             "systemd to restart vllm@0",
         )
         wait_until(lambda: set(haproxy_status(sandbox_host).values()) == {"UP"}, 240, "vllm@0 back UP in HAProxy")
+        # Serving comes before the unit's readiness step ends: the next tests start from an active unit.
+        wait_until(
+            lambda: sandbox_host.run("systemctl is-active vllm@0").stdout.strip() == "active", 240, "vllm@0 active"
+        )
 
 
 def test_unchanged_replica_is_never_restarted(two_replicas, sandbox_host):
