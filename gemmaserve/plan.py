@@ -56,6 +56,8 @@ OBJECTIVES = {"throughput": (1, 256), "balanced": (2, 128), "latency": (4, 16)}
 GEMMA4_MAX_VIDEO_ITEM_TOKENS = 32 * (70 + 2 + 6)
 # Images: vision_config.default_output_length, 280 unless --mm-processor-kwargs max_soft_tokens is set.
 GEMMA4_DEFAULT_IMAGE_TOKENS = 280
+# The limit vLLM gives a modality --limit-mm-per-prompt leaves out (MultiModalConfig.get_limit_per_prompt).
+VLLM_DEFAULT_MM_LIMIT = 999
 # HBM a TPU chip uses beyond its share of the weights when tpu-inference measures what is left for the
 # KV cache (XLA runtime and compiled programs). Calibrated on one real server (E2B on a v6e-4, fp8 KV,
 # utilization 0.4, 18,523 16-token blocks): 4 x 31.25 x 0.4 GiB - 18,523 x 1,179,648 B of KV - 9.54 GiB
@@ -779,9 +781,19 @@ def _release(spec: Spec) -> VllmRelease:
     return vllm_release(spec.vllm_version, spec.accelerator_info.vendor)
 
 
+def _vllm_limits(spec: Spec) -> dict[str, int]:
+    """The per-prompt limits vLLM applies: the plan's, and for video, which Gemma 4's processor registers beside
+    every vision tower (gemma4_mm.py Gemma4ProcessingInfo.get_supported_mm_limits: frames through the image tower),
+    vLLM's default where the plan passes none."""
+    limits = _limits(spec, [])
+    if "image" in spec.model_info.modalities:
+        limits.setdefault("video", VLLM_DEFAULT_MM_LIMIT)
+    return limits
+
+
 def _multimodal_on(spec: Spec) -> bool:
-    """Whether vLLM sees any modality enabled (the limits the plan passes; text_only turns all off)."""
-    return any(_limits(spec, []).values())
+    """Whether vLLM sees any modality enabled (text_only turns all off; image=0 alone leaves video on)."""
+    return any(_vllm_limits(spec).values())
 
 
 def _engine_max_num_seqs(spec: Spec, release: VllmRelease) -> int:
@@ -832,10 +844,10 @@ def _weights_gib_per_device(spec: Spec, tp: int) -> float:
     if spec.accelerator_info.is_tpu:
         # tpu-inference's JAX Gemma 4 shards its parameters (embeddings included) over the model axis.
         return (model.checkpoint_bytes + assistant) / tp / GiB
-    limits = _limits(spec, [])
-    # vLLM skips a tower whose modalities are all limited to 0 (_mark_tower_model); a modality the plan
-    # does not limit keeps vLLM's default limit (999, MultiModalConfig.get_limit_per_prompt).
-    vision_on = limits.get("image", 999) > 0 or limits.get("video", 999) > 0
+    limits = _vllm_limits(spec)
+    # vLLM skips a tower whose modalities are all limited to 0 (_mark_tower_model): images and video frames
+    # share the vision tower.
+    vision_on = limits.get("image", 0) > 0 or limits.get("video", 0) > 0
     tower = model.vision_tower_bytes
     text = model.checkpoint_bytes - tower - _online_fp8_saving(spec)
     return ((text + assistant) / tp + (tower if vision_on else 0)) / GiB
@@ -998,8 +1010,10 @@ def _fixes(spec: Spec, sizings: list[_Sizing], kv_dtype: str, available_kv_gib: 
 def _limits(spec: Spec, warnings: list[str]) -> dict[str, int]:
     model, wl = spec.model_info, spec.workload
     if wl.text_only:
-        # vLLM's Gemma 4 recipe: text-only means image=0,audio=0 (skips multimodal profiling).
-        return {"image": 0, "audio": 0}
+        # vLLM's Gemma 4 recipe: text-only means image=0,audio=0. Video too: vLLM's Gemma 4 takes video through
+        # the vision tower, so image=0,audio=0 alone still loads and profiles that tower (a public vLLM 0.19 log
+        # of a server with no limits: "profiled with 1 video items") and fetches any video_url a client sends.
+        return {"image": 0, "audio": 0} | ({"video": 0} if "image" in model.modalities else {})
     limits = {"image": wl.limit_mm_per_prompt.image if "image" in model.modalities else 0}
     audio = wl.limit_mm_per_prompt.audio
     if model.supports_audio:
@@ -1011,6 +1025,12 @@ def _limits(spec: Spec, warnings: list[str]) -> dict[str, int]:
         limits["audio"] = 0
     if wl.limit_mm_per_prompt.video is not None:
         limits["video"] = wl.limit_mm_per_prompt.video
+    elif limits["image"] == 0 and "image" in model.modalities:
+        warnings.append(
+            f"limit_mm_per_prompt.image=0 leaves video on: vLLM's Gemma 4 takes up to {VLLM_DEFAULT_MM_LIMIT} videos "
+            "a prompt through the vision tower, which stays loaded; set limit_mm_per_prompt.video: 0, or "
+            "workload.text_only: true"
+        )
     return limits
 
 
@@ -1120,7 +1140,7 @@ def _argv(spec: Spec, tp: int, port: int, limits: dict[str, int], async_scheduli
     if wl.tool_calling or wl.reasoning:
         argv += ["--chat-template", CHAT_TEMPLATE_PATH]
     argv += ["--limit-mm-per-prompt", _json(limits)]
-    if any(limits.values()):
+    if _multimodal_on(spec):
         argv += ["--allowed-media-domains", *(wl.allowed_media_domains or (NO_MEDIA_DOMAIN,))]
     if wl.vision_token_budget is not None and limits.get("image"):
         argv += ["--mm-processor-kwargs", _json({"max_soft_tokens": wl.vision_token_budget})]

@@ -196,7 +196,8 @@ class AcceleratorSpec(Strict):
 
 
 class MultimodalLimits(Strict):
-    """--limit-mm-per-prompt. Unset audio means 1 where the model has audio, else 0."""
+    """--limit-mm-per-prompt. Unset audio means 1 where the model has audio, else 0; unset video is vLLM's default
+    (999 a prompt, frames through the vision tower)."""
 
     image: int = Field(4, ge=0, le=64)
     audio: int | None = Field(None, ge=0, le=16)
@@ -223,7 +224,9 @@ class Speculative(Strict):
 
 class Workload(Strict):
     max_model_len: int | None = Field(None, ge=256, description="Default: min(32768, the model's context).")
-    text_only: bool = Field(False, description="Text-only service: image=0,audio=0 (vLLM's Gemma 4 recipe).")
+    text_only: bool = Field(
+        False, description="Text-only service: image=0,audio=0 (vLLM's Gemma 4 recipe) and video=0: no tower loaded."
+    )
     limit_mm_per_prompt: MultimodalLimits = MultimodalLimits()
     objective: Literal["throughput", "latency", "balanced"] | None = None
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"

@@ -178,6 +178,40 @@ def test_b300_log_breakdown_matches_the_derived_terms():
     assert abs(available - 182.37) / 182.37 < 0.03
 
 
+# A public vLLM 0.23.0 run of 31B on one RTX PRO 6000 (vllm/vllm-openai:v0.23.0, --language-model-only, max_model_len
+# 32768, 128 sequences, 16,384 batched tokens, utilization 0.95) states only the weights vLLM loaded, in a summary
+# table: BF16 "57.91 GiB", runtime FP8 (--quantization fp8 on the same checkpoint) "30.61 GiB"
+# (https://github.com/xlr8harder/speechmap-eval/blob/0521b0cfdcce40f384f47cc8110721306d809901/judge_evaluation/reports/
+# qwen36_gemma4_remote_quantization_20260712.md; launcher judge_evaluation/remote_qwen36/launch_vllm_docker.sh). Its
+# KV lines are not published, so it checks the weight count alone: no vision tower (all modalities off), FP8 linears.
+TEXT_ONLY_RTX_PRO_6000_0230 = {
+    "model": "31b",
+    "accelerator": {"kind": "rtx-pro-6000", "count": 1},
+    "workload": {
+        "text_only": True,
+        "max_model_len": 32768,
+        "max_num_seqs": 128,
+        "max_num_batched_tokens": 16384,
+        "gpu_memory_utilization": 0.95,
+    },
+    "engine": {"vllm_version": "0.23.0"},
+}
+
+
+@pytest.mark.parametrize("quantization, logged_gib", [(None, 57.91), ("fp8", 30.61)])
+def test_model_loading_of_a_text_only_31b_as_a_public_run_reports_it(quantization, logged_gib):
+    spec = TEXT_ONLY_RTX_PRO_6000_0230 | {
+        "workload": TEXT_ONLY_RTX_PRO_6000_0230["workload"] | ({"quantization": quantization} if quantization else {})
+    }
+    capacity = plan(parse_spec(spec)).replicas[0].capacity
+    loaded = capacity.weights_gib_per_device + capacity.profile.loaded_extra
+    print(f"planned 'Model loading took' {loaded:.2f} GiB vs {logged_gib} GiB reported")
+    assert abs(loaded - logged_gib) / logged_gib < 0.01
+    # With the vision tower (the recipe's image=0,audio=0, which leaves video on) it would be 1.07 GiB more: 2-4 % off.
+    tower = CATALOG.model("31b").vision_tower_bytes / GiB
+    assert (loaded + tower - logged_gib) / logged_gib > 0.015
+
+
 def test_capture_sizes_are_vllms():
     """The sizes the two public logs print: 51 up to 512 at 1024 sequences, [1, 2, 4, 8, 16, 24, 32, 40] at 20."""
     assert len(cudagraph_capture_sizes(1024, 8192)) == 51 and cudagraph_capture_sizes(1024, 8192)[-1] == 512

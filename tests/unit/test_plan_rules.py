@@ -66,9 +66,35 @@ def test_audio_dropped_on_31b_with_warning():
     assert any("audio=1 dropped" in w and "31B" in w for w in result.warnings)
 
 
-def test_text_only_means_no_image_and_no_audio():
+def test_text_only_means_no_image_no_audio_and_no_video():
+    """vLLM's Gemma 4 takes video through the vision tower (gemma4_mm.py get_supported_mm_limits) at vLLM's default
+    of 999 a prompt: the recipe's image=0,audio=0 alone keeps that tower loaded and any video_url fetched."""
     result = planned({"model": "e2b", "accelerator": {"kind": "l4"}, "workload": {"text_only": True}})
-    assert json.loads(flag(result.replicas[0].argv, "--limit-mm-per-prompt")) == {"image": 0, "audio": 0}
+    argv = result.replicas[0].argv
+    assert json.loads(flag(argv, "--limit-mm-per-prompt")) == {"image": 0, "audio": 0, "video": 0}
+    assert "--allowed-media-domains" not in argv and "VLLM_MEDIA_URL_ALLOW_REDIRECTS" not in result.replicas[0].env
+
+
+def _weights(workload):
+    spec = {"model": "31b", "accelerator": {"kind": "h200", "count": 1}, "workload": workload}
+    return planned(spec)
+
+
+def test_only_a_video_limit_of_0_beside_image_0_unloads_the_vision_tower():
+    tower = CATALOG.model("31b").vision_tower_bytes / 2**30
+    images = _weights({"limit_mm_per_prompt": {"image": 4}})
+    no_images = _weights({"limit_mm_per_prompt": {"image": 0}})
+    no_media = _weights({"limit_mm_per_prompt": {"image": 0, "video": 0}})
+    text_only = _weights({"text_only": True})
+    weights = [r.replicas[0].capacity.weights_gib_per_device for r in (images, no_images, no_media, text_only)]
+    assert weights[0] == weights[1] == pytest.approx(weights[2] + tower, abs=0.01)
+    assert weights[2] == weights[3]
+    # image=0 alone: videos still come in, so media URLs stay behind the allow-list, and the plan says why.
+    argv = no_images.replicas[0].argv
+    assert "--allowed-media-domains" in argv and no_images.replicas[0].env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "0"
+    assert any("image=0 leaves video on" in w and "video: 0" in w for w in no_images.warnings)
+    assert "--allowed-media-domains" not in no_media.replicas[0].argv
+    assert not any("leaves video on" in w for w in no_media.warnings + text_only.warnings)
 
 
 def test_async_scheduling_on_gpus():

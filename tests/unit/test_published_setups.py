@@ -199,8 +199,11 @@ def test_vllm_recipe_benchmark_server():
     }
     (replica,) = _only(data).replicas
     model, expected = serve_flags(RECIPE_BENCHMARK)
-    # Text only: no media at all, so no allow-list either.
+    # Text only: no media at all, so no allow-list either. The recipe's image=0,audio=0 leaves video on (vLLM's
+    # Gemma 4 takes video frames through the vision tower, 999 a prompt by default): that tower stays loaded and
+    # the server fetches any video_url. The plan adds video=0.
     expected.update({"--gpu-memory-utilization": 0.90, "--host": "127.0.0.1", "--port": 8000, **SHUTDOWN})
+    expected["--limit-mm-per-prompt"] |= {"video": 0}
     assert serve_flags(replica.argv) == (model, expected)
 
 

@@ -11,7 +11,7 @@ import ast
 import pytest
 import release_sources
 
-from gemmaserve.plan import ROCM_QUANTIZATION
+from gemmaserve.plan import ROCM_QUANTIZATION, VLLM_DEFAULT_MM_LIMIT
 
 pytestmark = pytest.mark.network
 
@@ -55,3 +55,34 @@ def test_tpu_compressed_tensors_schemes() -> None:
     assert "only fp8 w8a8 is" in text
     assert 'weight_quant.num_bits == 4 and qtype == "int"' in text and "'pack-quantized' is" in text
     assert "blockwise fp8 is not yet supported" in text
+
+
+def _function(lines: list[str], name: str) -> ast.FunctionDef:
+    tree = ast.parse("\n".join(lines))
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+@pytest.mark.parametrize("version", ["0.19.0", "0.23.0", "0.32.0"])
+def test_gemma4_takes_video_through_its_vision_tower(version: str) -> None:
+    """Why the plan counts video beside images (plan._vllm_limits) and text_only sets it to 0: Gemma 4's processor
+    registers video with every vision tower, vLLM gives a modality left out of --limit-mm-per-prompt 999, and the
+    vision tower is skipped only when image and video are both 0."""
+    gemma4 = release_sources.read("vllm", version, "vllm/model_executor/models/gemma4_mm.py")
+    registered = _function(gemma4, "get_supported_mm_limits")
+    keys = {
+        node.slice.value
+        for node in ast.walk(registered)
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+    }
+    assert keys == {"audio", "video"}  # beside {"image": None}; audio only with an audio tower
+    towers = [
+        ast.literal_eval(call.args[1])
+        for call in ast.walk(ast.parse("\n".join(gemma4)))
+        if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "_mark_tower_model"
+    ]
+    assert {"image", "video"} in towers
+    default = _function(release_sources.read("vllm", version, "vllm/config/multimodal.py"), "get_limit_per_prompt")
+    returned = [
+        n.value.value for n in ast.walk(default) if isinstance(n, ast.Return) and isinstance(n.value, ast.Constant)
+    ]
+    assert VLLM_DEFAULT_MM_LIMIT in returned
