@@ -72,24 +72,29 @@ def ring_up(remote) -> bool:
     return states.count("'UP") == 2
 
 
-def wait_for_ring(hosts: list[state.Host], remotes: list, unit: str) -> None:
+def wait_for_ring(hosts: list[state.Host], remotes: list, plan) -> None:
     """Both hosts UP in each host's ring. A replica that a loaded machine took down (its check timed out, or it
     restarted) is back once vLLM answers: on this 2-core machine a CPU replica's restart, beside another module's
-    load test, has taken over 120 s. Fails after 300 s with what each host's HAProxy and replica unit say."""
+    load test, has taken over 120 s. Fails after 300 s with what each host's HAProxy checks, its peer's /health
+    and its replica unit say."""
+    unit, peer_port = plan.replicas[0].unit, fleet_peer_port(plan.router_port)
     for host, remote in zip(hosts, remotes, strict=True):
         if poll(lambda remote=remote: ring_up(remote), 300):
             continue
+        script = (
+            "import sys; sys.path.insert(0, '/opt/gemmaserve/lib'); import haproxy_admin; "
+            "print([(r['pxname'], r['svname'], r['status'], r['check_status'], r['last_chk']) "
+            "for r in haproxy_admin.stat_rows() if r['pxname'] in ('fleet', 'vllm')])"
+        )
         report = []
-        for other, other_remote in zip(hosts, remotes, strict=True):
-            script = (
-                "import sys; sys.path.insert(0, '/opt/gemmaserve/lib'); import haproxy_admin; "
-                "print([(r['pxname'], r['svname'], r['status'], r['check_status'], r['last_chk']) "
-                "for r in haproxy_admin.stat_rows() if r['pxname'] in ('fleet', 'vllm')])"
-            )
-            rows = other_remote.run(f'python3 -c "{script}"').stdout.strip()
-            shown = other_remote.run(f"systemctl show {unit} -p ActiveState -p SubState -p NRestarts").stdout
-            journal = other_remote.run(f"journalctl -u {unit} -n 20 --no-pager").stdout
-            report.append(f"{other.name}: {rows}\n{shown}{journal}")
+        for each, each_remote, other in zip(hosts, remotes, reversed(hosts), strict=True):
+            rows = each_remote.run(f'python3 -c "{script}"').stdout.strip()
+            health = each_remote.run(
+                f"curl -sS -m 3 -o /dev/null -w '%{{http_code}}' http://{other.address}:{peer_port}/health"
+            ).stdout
+            shown = each_remote.run(f"systemctl show {unit} -p ActiveState -p SubState -p NRestarts").stdout
+            journal = each_remote.run(f"journalctl -u {unit} -n 20 --no-pager").stdout
+            report.append(f"{each.name}: {rows}\n-> {other.name}'s /health: {health}\n{shown}{journal}")
         raise AssertionError(
             f"timed out after 300 s waiting for {host.name}'s ring of both hosts UP\n" + "\n".join(report)
         )
@@ -147,25 +152,7 @@ def fleet_hosts(bucket_hosts: BucketHosts, tmp_path_factory):
             remote.check_output(f"systemctl show -p ActiveEnterTimestampMonotonic --value {plan.replicas[0].unit}")
             for remote in remotes
         ]
-        try:
-            for host, remote in zip(up, remotes, strict=True):
-                wait_until(lambda remote=remote: ring_up(remote), 300, f"{host.name}'s ring of both hosts UP")
-        except AssertionError:
-            for host, remote, other in zip(up, remotes, reversed(up), strict=True):
-                script = (
-                    "import sys; sys.path.insert(0, '/opt/gemmaserve/lib'); import haproxy_admin; "
-                    "print(haproxy_admin.backend_status('fleet'), haproxy_admin.backend_status('vllm'))"
-                )
-                print(host.name, remote.check_output(f'python3 -c "{script}"'))
-                print(
-                    host.name,
-                    "->",
-                    other.name,
-                    remote.check_output(
-                        f"curl -sS -m 3 -o /dev/null -w '%{{http_code}}' http://{other.address}:8081/health || true"
-                    ),
-                )
-            raise
+        wait_for_ring(up, remotes, plan)
         yield bucket_hosts
     # Each host on its own again, as the bucket tests and serving_peer read them.
     for host in up:
@@ -208,7 +195,7 @@ def test_each_conversation_reaches_one_hosts_replica_through_either_host(fleet_h
         # conversations are then served where they enter (as they should be): such a conversation is run again,
         # with the ring whole, at most twice.
         for _attempt in range(3):
-            wait_for_ring(fleet_hosts.hosts, remotes, plan.replicas[0].unit)
+            wait_for_ring(fleet_hosts.hosts, remotes, plan)
             failed_before = [balancer(remote)[0] for remote in remotes]
             landed, hits = converse(endpoints, remotes, plan, port, n)
             failed_after = [balancer(remote)[0] for remote in remotes]
